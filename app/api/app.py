@@ -1,0 +1,137 @@
+"""Composition root of the API process: ``create_app(settings)``."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from typing import Any
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.api import problems
+from app.api.routes import health, runs, workflows
+from app.auth.dev import DevTokens, dev_secret
+from app.core.settings import Settings
+from app.db.database import Database
+from app.db.migrations import check_schema
+from app.engine.submit import Submitter
+
+API_VERSION = "0.1.0"
+# Room for the envelope around a payload (workflow name, keys, JSON punctuation).
+_ENVELOPE_BYTES = 64 * 1024
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over ``limit`` bytes with 413 problem+json.
+
+    Checks ``Content-Length`` up front and counts streamed bytes, so an oversized body is
+    never buffered whole.
+    """
+
+    def __init__(self, app: ASGIApp, limit: int) -> None:
+        self.app = app
+        self.limit = limit
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        for name, value in scope.get("headers", []):
+            if name == b"content-length":
+                try:
+                    too_big = int(value) > self.limit
+                except ValueError:
+                    too_big = False
+                if too_big:
+                    await self._reject(scope, receive, send)
+                    return
+        seen = 0
+
+        async def limited() -> Message:
+            nonlocal seen
+            message = await receive()
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.limit:
+                    raise _TooLarge()
+            return message
+
+        try:
+            await self.app(scope, limited, send)
+        except _TooLarge:
+            await self._reject(scope, receive, send)
+
+    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = problems.problem(
+            413, "payload_too_large", f"request body exceeds {self.limit} bytes",
+            instance=scope.get("path"), limit_bytes=self.limit,
+        )
+        await response(scope, receive, send)
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def create_app(
+    settings: Settings,
+    *,
+    db: Database | None = None,
+    on_submit: Callable[[], None] | None = None,
+    check_schema_on_start: bool = True,
+) -> FastAPI:
+    """Build the FastAPI application.
+
+    Args:
+        settings: process settings.
+        db: share a database with an in-process worker (``treadle dev``); default: own one,
+            disposed at shutdown.
+        on_submit: called after each new run commits (in-process worker wake-up).
+        check_schema_on_start: refuse to start unless the schema is at head.
+
+    Raises:
+        SchemaVersionMismatch: at start-up, when the schema is behind or ahead.
+    """
+    owns_db = db is None
+    database = db or Database(settings)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        if check_schema_on_start:
+            await check_schema(database)
+        yield
+        if owns_db:
+            await database.dispose()
+
+    app = FastAPI(
+        title="Treadle",
+        version=API_VERSION,
+        summary="Durable workflows as a service.",
+        description=(
+            "Submit workflow runs, inspect them, wait for their results and read the "
+            "operator's report. Errors are RFC 9457 problem details. Every request needs "
+            "`Authorization: Bearer <token>` except the health probes."
+        ),
+        lifespan=lifespan,
+    )
+    app.state.settings = settings
+    app.state.db = database
+    app.state.submitter = Submitter(database, settings)
+    app.state.tokens = DevTokens(dev_secret(settings))
+    app.state.on_submit = on_submit
+    problems.install(app)
+    app.include_router(runs.router)
+    app.include_router(workflows.router)
+    app.include_router(health.router)
+    app.add_middleware(BodyLimit, limit=settings.max_payload_bytes + _ENVELOPE_BYTES)
+    return app
+
+
+def openapi_document(settings: Settings | None = None) -> dict[str, Any]:
+    """Return the OpenAPI document of the app (for ``openapi/openapi.json``)."""
+    app = create_app(
+        settings or Settings(database_url="sqlite+aiosqlite:///:memory:", dev_secret="x" * 32),
+        check_schema_on_start=False,
+    )
+    return app.openapi()

@@ -1,0 +1,75 @@
+"""FastAPI dependencies: services on ``app.state`` and the authenticated principal."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Coroutine
+from typing import Annotated, Any
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from app.auth.dev import DevTokens
+from app.auth.principal import Principal, Scope
+from app.core.errors import Forbidden, Unauthenticated
+from app.core.settings import Settings
+from app.db.database import Database
+from app.engine.submit import Submitter
+
+_bearer = HTTPBearer(auto_error=False, description="Bearer token (JWT).")
+
+
+def get_db(request: Request) -> Database:
+    """The process's :class:`Database`."""
+    db: Database = request.app.state.db
+    return db
+
+
+def get_settings(request: Request) -> Settings:
+    """The process's :class:`Settings`."""
+    settings: Settings = request.app.state.settings
+    return settings
+
+
+def get_submitter(request: Request) -> Submitter:
+    """The process's :class:`Submitter`."""
+    submitter: Submitter = request.app.state.submitter
+    return submitter
+
+
+async def get_principal(
+    request: Request,
+    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)],
+) -> Principal:
+    """Authenticate the ``Authorization: Bearer`` token (the only place that does).
+
+    Raises:
+        Unauthenticated: missing, malformed, expired or forged token (401).
+    """
+    if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
+        raise Unauthenticated("missing bearer token")
+    tokens: DevTokens = request.app.state.tokens
+    return tokens.verify(credentials.credentials)
+
+
+def require(scope: Scope) -> Callable[..., Coroutine[Any, Any, Principal]]:
+    """Dependency factory: the principal, provided it holds ``scope``.
+
+    Raises:
+        Forbidden: the scope is missing (403, naming it).
+    """
+
+    async def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
+        if not principal.has(scope):
+            raise Forbidden(f"this operation needs the {scope.value!r} scope",
+                            required_scope=scope.value)
+        return principal
+
+    return dependency
+
+
+DB = Annotated[Database, Depends(get_db)]
+SettingsDep = Annotated[Settings, Depends(get_settings)]
+SubmitterDep = Annotated[Submitter, Depends(get_submitter)]
+RunsRead = Annotated[Principal, Depends(require(Scope.RUNS_READ))]
+RunsWrite = Annotated[Principal, Depends(require(Scope.RUNS_WRITE))]
+RunsCancel = Annotated[Principal, Depends(require(Scope.RUNS_CANCEL))]

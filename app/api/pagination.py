@@ -1,0 +1,46 @@
+"""Opaque page tokens bound to the tenant and the filters they were issued for."""
+
+from __future__ import annotations
+
+import base64
+import binascii
+import hashlib
+from typing import Any
+
+from app.core import json
+from app.core.errors import BadRequest
+
+
+def _binding(tenant_id: str, scope: str, filters: dict[str, Any]) -> str:
+    raw = json.dumps({"t": tenant_id, "s": scope, "f": filters})
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def encode_token(tenant_id: str, scope: str, filters: dict[str, Any], position: Any) -> str:
+    """Return a URL-safe token for the page after ``position``.
+
+    Args:
+        tenant_id: the caller's tenant (a token replayed by another tenant is refused).
+        scope: what is paged (``"runs"``, ``"steps:<run_id>"``).
+        filters: the query's filters (a token replayed with other filters is refused).
+        position: JSON-able keyset position (last id served).
+    """
+    body = json.dumps({"b": _binding(tenant_id, scope, filters), "p": position})
+    return base64.urlsafe_b64encode(body.encode()).decode().rstrip("=")
+
+
+def decode_token(token: str, tenant_id: str, scope: str, filters: dict[str, Any]) -> Any:
+    """Return the position encoded by :func:`encode_token`.
+
+    Raises:
+        BadRequest: malformed token, or issued for another tenant, scope or filters.
+    """
+    try:
+        padded = token + "=" * (-len(token) % 4)
+        body = json.loads(base64.urlsafe_b64decode(padded.encode("ascii")).decode())
+        binding, position = body["b"], body["p"]
+    except (ValueError, KeyError, TypeError, binascii.Error, UnicodeError) as exc:
+        raise BadRequest("page_token is malformed") from exc
+    if binding != _binding(tenant_id, scope, filters):
+        raise BadRequest("page_token was issued for a different query")
+    return position

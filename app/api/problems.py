@@ -1,0 +1,141 @@
+"""The one place domain errors become RFC 9457 ``application/problem+json`` responses."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from app.core import errors
+
+log = structlog.get_logger("treadle.api")
+
+PROBLEM_JSON = "application/problem+json"
+
+_STATUS: list[tuple[type[errors.TreadleError], int]] = [
+    (errors.NotFoundError, 404),
+    (errors.ConflictError, 409),
+    (errors.InvalidInput, 422),
+    (errors.BadRequest, 400),
+    (errors.PayloadTooLarge, 413),
+    (errors.Unauthenticated, 401),
+    (errors.Forbidden, 403),
+    (errors.CeilingExceeded, 422),
+    (errors.SchemaVersionMismatch, 503),
+]
+
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    403: "Forbidden",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+
+def status_for(exc: errors.TreadleError) -> int:
+    """HTTP status of a domain error (first matching class in the table)."""
+    for cls, status in _STATUS:
+        if isinstance(exc, cls):
+            return status
+    return 500
+
+
+def problem(
+    status: int,
+    code: str,
+    detail: str,
+    *,
+    instance: str | None = None,
+    headers: dict[str, str] | None = None,
+    **extra: Any,
+) -> JSONResponse:
+    """Build a problem+json response; ``type`` is ``urn:treadle:problem:<code>``."""
+    body: dict[str, Any] = {
+        "type": f"urn:treadle:problem:{code}",
+        "title": _TITLES.get(status, "Error"),
+        "status": status,
+        "detail": detail,
+        "code": code,
+        **extra,
+    }
+    if instance is not None:
+        body["instance"] = instance
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+async def _treadle_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, errors.TreadleError)
+    status = status_for(exc)
+    headers = None
+    if isinstance(exc, errors.Unauthenticated):
+        # RFC 6750 §3: tell the client which scheme and why.
+        headers = {"WWW-Authenticate": 'Bearer realm="treadle", error="invalid_token"'}
+    if status == 503:
+        headers = {"Retry-After": "5"}
+    return problem(status, exc.code, exc.detail, instance=request.url.path, headers=headers,
+                   **exc.data)
+
+
+async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, RequestValidationError)
+    items = list(exc.errors())
+    if any(e.get("type") == "json_invalid" for e in items):
+        return problem(400, "malformed_json", "request body is not valid JSON",
+                       instance=request.url.path)
+    return problem(
+        422,
+        "invalid_request",
+        "request does not match the API schema",
+        instance=request.url.path,
+        errors=[
+            {
+                "path": ".".join(str(p) for p in e.get("loc", ())),
+                "message": str(e.get("msg", "invalid")),
+            }
+            for e in items[:20]
+        ],
+    )
+
+
+async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+    assert isinstance(exc, StarletteHTTPException)
+    code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+    return problem(exc.status_code, code, str(exc.detail), instance=request.url.path,
+                   headers=getattr(exc, "headers", None))
+
+
+async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
+    log.warning("database unavailable", path=request.url.path, error=str(exc)[:300])
+    return problem(503, "database_unavailable", "the database is unavailable; retry shortly",
+                   instance=request.url.path, headers={"Retry-After": "2"})
+
+
+async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    log.exception("unhandled error", path=request.url.path)
+    return problem(500, "internal_error", "internal error; it has been logged",
+                   instance=request.url.path)
+
+
+def install(app: FastAPI) -> None:
+    """Register every exception handler on ``app``."""
+    app.add_exception_handler(errors.TreadleError, _treadle_error)
+    app.add_exception_handler(RequestValidationError, _validation_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_exception_handler(OperationalError, _database_unavailable)
+    app.add_exception_handler(PoolTimeout, _database_unavailable)
+    app.add_exception_handler(ConnectionError, _database_unavailable)
+    app.add_exception_handler(DBAPIError, _unexpected)
+    app.add_exception_handler(Exception, _unexpected)

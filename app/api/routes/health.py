@@ -1,0 +1,38 @@
+"""Liveness and readiness probes (no authentication)."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter
+from fastapi.responses import JSONResponse
+
+from app.api import schemas
+from app.api.deps import DB
+from app.core.errors import SchemaVersionMismatch
+from app.db.migrations import check_schema
+
+router = APIRouter(tags=["health"])
+
+
+@router.get("/healthz", operation_id="get_health", response_model=schemas.Health)
+async def healthz() -> schemas.Health:
+    """Liveness: the process answers."""
+    return schemas.Health(status="ok")
+
+
+@router.get(
+    "/readyz",
+    operation_id="get_readiness",
+    response_model=schemas.Health,
+    responses={503: {"model": schemas.Health, "description": "Not ready"}},
+)
+async def readyz(db: DB) -> JSONResponse:
+    """Readiness: the database is reachable and its schema is at this code's head."""
+    try:
+        await check_schema(db)
+    except SchemaVersionMismatch as exc:
+        body = schemas.Health(status="unavailable", detail=exc.detail)
+        return JSONResponse(body.model_dump(), status_code=503)
+    except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
+        body = schemas.Health(status="unavailable", detail=f"database unreachable: {type(exc).__name__}")
+        return JSONResponse(body.model_dump(), status_code=503)
+    return JSONResponse(schemas.Health(status="ok").model_dump())

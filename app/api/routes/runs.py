@@ -1,0 +1,335 @@
+"""``/runs``: submit, list, inspect, wait for, report on and cancel runs."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from datetime import datetime
+from typing import Annotated, Any, Literal
+
+from fastapi import APIRouter, Body, Header, Query, Request, Response
+from fastapi.responses import PlainTextResponse
+
+from app.api import schemas
+from app.api.deps import DB, RunsCancel, RunsRead, RunsWrite, SubmitterDep
+from app.api.pagination import decode_token, encode_token
+from app.api.views import dead_letter_view, event_view, render_report_text, run_view, step_view
+from app.auth.principal import Principal
+from app.core.errors import BadRequest, RunNotFound
+from app.core.status import RunStatus
+from app.db.database import fetch_now
+from app.db.queries import dead_letters as dl_q
+from app.db.queries import events as events_q
+from app.db.queries import runs as runs_q
+from app.db.queries import steps as steps_q
+from app.engine import control
+from app.engine.submit import SubmitRequest
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+_PROBLEMS: dict[int | str, dict[str, Any]] = {
+    code: {"model": schemas.Problem, "description": desc}
+    for code, desc in {
+        400: "Malformed request",
+        401: "Missing or invalid token",
+        403: "Missing scope",
+        404: "Not found (for this tenant)",
+        422: "Invalid request",
+    }.items()
+}
+
+ReportFormat = Literal["json", "text"]
+
+
+def parse_run_id(run_id: str) -> uuid.UUID:
+    """Parse a path run id; anything that is not a UUID is simply not found (404)."""
+    try:
+        return uuid.UUID(run_id)
+    except ValueError:
+        raise RunNotFound(f"run {run_id[:100]!r} not found") from None
+
+
+async def _load(db: DB, principal: Principal, run_id: str) -> Any:
+    async with db.read() as conn:
+        return await runs_q.get_run(conn, principal.tenant_id, parse_run_id(run_id))
+
+
+@router.post(
+    "",
+    operation_id="submit_run",
+    status_code=201,
+    response_model=schemas.Run,
+    responses={
+        200: {"model": schemas.Run, "description": "Identical idempotent retry: the same run"},
+        409: {"model": schemas.Problem, "description": "Idempotency key reused differently"},
+        413: {"model": schemas.Problem, "description": "Payload over the limit"},
+        **_PROBLEMS,
+    },
+)
+async def submit_run(
+    body: schemas.SubmitRunRequest,
+    response: Response,
+    request: Request,
+    principal: RunsWrite,
+    submitter: SubmitterDep,
+    idempotency_key_header: Annotated[
+        str | None, Header(alias="Idempotency-Key", max_length=255)
+    ] = None,
+) -> schemas.Run:
+    """Submit a run of a registered workflow.
+
+    Returns 201 with a ``Location`` header for a new run, or 200 with the same run for a
+    retry carrying the same idempotency key (body field or ``Idempotency-Key`` header) and
+    an identical request. Errors: 404 unknown workflow or version; 422 input invalid for
+    the registered schema (with field paths); 409 key reused for a different request;
+    413 input over ``TREADLE_MAX_PAYLOAD_BYTES``.
+    """
+    key = body.idempotency_key
+    if idempotency_key_header is not None:
+        header_key = schemas.SubmitRunRequest.model_validate(
+            {"workflow": body.workflow, "idempotency_key": idempotency_key_header}
+        ).idempotency_key
+        if key is not None and key != header_key:
+            raise BadRequest("Idempotency-Key header and body idempotency_key differ")
+        key = header_key
+    req = SubmitRequest(
+        workflow=body.workflow,
+        input=body.input,
+        version=None if body.version is None else str(body.version),
+        idempotency_key=key,
+        concurrency_key=body.concurrency_key,
+        delay=body.delay,
+    )
+    row, created = await submitter.submit(
+        req, tenant_id=principal.tenant_id, subject=principal.subject
+    )
+    if created:
+        on_submit = getattr(request.app.state, "on_submit", None)
+        if on_submit is not None:
+            on_submit()
+    response.status_code = 201 if created else 200
+    response.headers["Location"] = f"/runs/{row['run_id']}"
+    return run_view(row)
+
+
+@router.get("", operation_id="list_runs", response_model=schemas.RunPage, responses=_PROBLEMS)
+async def list_runs(
+    principal: RunsRead,
+    db: DB,
+    workflow: Annotated[str | None, Query(max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")] = None,
+    status: RunStatus | None = None,
+    created_after: datetime | None = None,
+    created_before: datetime | None = None,
+    page_token: Annotated[str | None, Query(max_length=1000)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 50,
+) -> schemas.RunPage:
+    """List the tenant's runs, newest first.
+
+    Pagination is keyset-based on the time-ordered run id: pages stay stable while runs
+    are inserted. ``page_token`` is opaque and only valid with the same filters.
+    """
+    for value in (created_after, created_before):
+        if value is not None and value.tzinfo is None:
+            raise BadRequest("created_after/created_before need a timezone (e.g. Z)")
+    filters = {
+        "workflow": workflow,
+        "status": status.value if status else None,
+        "created_after": created_after.isoformat() if created_after else None,
+        "created_before": created_before.isoformat() if created_before else None,
+    }
+    before = None
+    if page_token:
+        position = decode_token(page_token, principal.tenant_id, "runs", filters)
+        try:
+            before = uuid.UUID(str(position))
+        except ValueError:
+            raise BadRequest("page_token is malformed") from None
+    async with db.read() as conn:
+        rows = await runs_q.list_runs(
+            conn,
+            principal.tenant_id,
+            workflow=workflow,
+            status=filters["status"],
+            created_after=created_after,
+            created_before=created_before,
+            before_run_id=before,
+            limit=limit + 1,
+        )
+    items = [run_view(r) for r in rows[:limit]]
+    token = None
+    if len(rows) > limit:
+        token = encode_token(principal.tenant_id, "runs", filters, str(rows[limit - 1]["run_id"]))
+    return schemas.RunPage(items=items, next_page_token=token)
+
+
+@router.get("/{run_id}", operation_id="get_run", response_model=schemas.Run, responses=_PROBLEMS)
+async def get_run(run_id: str, principal: RunsRead, db: DB) -> schemas.Run:
+    """Snapshot of one run: status, reason, waits, step counts, lease and timestamps."""
+    async with db.read() as conn:
+        row = await runs_q.get_run(conn, principal.tenant_id, parse_run_id(run_id))
+        counts = await steps_q.count_by_status(conn, row["run_id"])
+    return run_view(row, counts)
+
+
+@router.get(
+    "/{run_id}/result",
+    operation_id="get_run_result",
+    response_model=schemas.RunResult,
+    responses={202: {"model": schemas.RunResult, "description": "Not finished yet"}, **_PROBLEMS},
+)
+async def get_run_result(
+    run_id: str,
+    response: Response,
+    principal: RunsRead,
+    db: DB,
+    wait: Annotated[float, Query(ge=0, le=300, description="Seconds to long-poll")] = 0,
+) -> schemas.RunResult:
+    """The run's result: 200 once terminal, 202 if still running after ``wait`` seconds."""
+    deadline = time.monotonic() + wait
+    pause = 0.02
+    while True:
+        row = await _load(db, principal, run_id)
+        done = RunStatus(row["status"]).is_terminal
+        if done or time.monotonic() >= deadline:
+            break
+        await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+        pause = min(pause * 1.5, 0.5)
+    view = run_view(row)
+    response.status_code = 200 if done else 202
+    return schemas.RunResult(
+        run_id=view.run_id, done=done, status=view.status, reason=view.reason,
+        output=view.output, error=view.error,
+    )
+
+
+@router.get(
+    "/{run_id}/steps", operation_id="list_run_steps", response_model=schemas.StepPage,
+    responses=_PROBLEMS,
+)
+async def list_run_steps(
+    run_id: str,
+    principal: RunsRead,
+    db: DB,
+    page_token: Annotated[str | None, Query(max_length=1000)] = None,
+    limit: Annotated[int, Query(ge=1, le=200)] = 100,
+) -> schemas.StepPage:
+    """The run's steps in call order, with attempts, timings and errors."""
+    rid = parse_run_id(run_id)
+    scope = f"steps:{rid}"
+    after = None
+    if page_token:
+        position = decode_token(page_token, principal.tenant_id, scope, {})
+        if not isinstance(position, int):
+            raise BadRequest("page_token is malformed")
+        after = position
+    async with db.read() as conn:
+        await runs_q.get_run(conn, principal.tenant_id, rid)
+        rows = await steps_q.list_steps(conn, rid, after_seq=after, limit=limit + 1)
+    token = None
+    if len(rows) > limit:
+        token = encode_token(principal.tenant_id, scope, {}, int(rows[limit - 1]["seq"]))
+    return schemas.StepPage(items=[step_view(r) for r in rows[:limit]], next_page_token=token)
+
+
+@router.get(
+    "/{run_id}/events", operation_id="list_run_events", response_model=schemas.EventPage,
+    responses=_PROBLEMS,
+)
+async def list_run_events(
+    run_id: str,
+    principal: RunsRead,
+    db: DB,
+    page_token: Annotated[str | None, Query(max_length=1000)] = None,
+    limit: Annotated[int, Query(ge=1, le=500)] = 200,
+) -> schemas.EventPage:
+    """The run's append-only timeline, oldest first."""
+    rid = parse_run_id(run_id)
+    scope = f"events:{rid}"
+    after = None
+    if page_token:
+        position = decode_token(page_token, principal.tenant_id, scope, {})
+        if not isinstance(position, int):
+            raise BadRequest("page_token is malformed")
+        after = position
+    async with db.read() as conn:
+        await runs_q.get_run(conn, principal.tenant_id, rid)
+        rows = await events_q.list_events(conn, rid, after_id=after, limit=limit + 1)
+    token = None
+    if len(rows) > limit:
+        token = encode_token(principal.tenant_id, scope, {}, int(rows[limit - 1]["event_id"]))
+    return schemas.EventPage(items=[event_view(r) for r in rows[:limit]], next_page_token=token)
+
+
+@router.get(
+    "/{run_id}/report",
+    operation_id="get_run_report",
+    response_model=schemas.RunReport,
+    responses={
+        200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+              "description": "JSON, or four text sections with Accept: text/plain"},
+        **_PROBLEMS,
+    },
+)
+async def get_run_report(
+    run_id: str,
+    request: Request,
+    principal: RunsRead,
+    db: DB,
+    format: Annotated[ReportFormat | None, Query(description="json or text")] = None,  # noqa: A002
+    events_limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+) -> Any:
+    """The operator's report: run, steps, timeline and dead letters.
+
+    JSON by default; ``Accept: text/plain`` or ``?format=text`` gives four readable
+    sections for ``curl``. ``events_limit`` bounds the timeline (the latest are kept).
+    """
+    rid = parse_run_id(run_id)
+    async with db.read() as conn:
+        row = await runs_q.get_run(conn, principal.tenant_id, rid)
+        counts = await steps_q.count_by_status(conn, rid)
+        step_rows = await steps_q.list_steps(conn, rid, after_seq=None, limit=10_000)
+        event_rows = await events_q.list_events(conn, rid, after_id=None, limit=events_limit + 1)
+        dl_rows = await dl_q.list_for_run(conn, rid)
+        now = await fetch_now(conn, db.dialect)
+    report = schemas.RunReport(
+        generated_at=now,
+        run=run_view(row, counts),
+        steps=[step_view(s) for s in step_rows],
+        events=[event_view(e) for e in event_rows[:events_limit]],
+        events_truncated=len(event_rows) > events_limit,
+        dead_letters=[dead_letter_view(d) for d in dl_rows],
+    )
+    wants_text = format == "text" or (
+        format is None and "text/plain" in request.headers.get("accept", "")
+    )
+    if wants_text:
+        return PlainTextResponse(render_report_text(report))
+    return report
+
+
+@router.post(
+    "/{run_id}/cancel",
+    operation_id="cancel_run",
+    response_model=schemas.Run,
+    responses={409: {"model": schemas.Problem, "description": "Run already finished"},
+               **_PROBLEMS},
+)
+async def cancel_run(
+    run_id: str,
+    principal: RunsCancel,
+    db: DB,
+    body: Annotated[schemas.CancelRunRequest | None, Body()] = None,
+) -> schemas.Run:
+    """Cancel a run. Its fence advances, so its worker can never commit again.
+
+    Idempotent for an already-cancelled run; 409 if the run finished otherwise.
+    """
+    row = await control.cancel(
+        db,
+        tenant_id=principal.tenant_id,
+        run_id=parse_run_id(run_id),
+        actor=principal.subject,
+        reason=body.reason if body else None,
+    )
+    return run_view(row)

@@ -1,0 +1,159 @@
+"""Database rows to API models."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from app.api import schemas
+from app.core import json
+
+
+def run_view(row: Mapping[str, Any], step_counts: dict[str, int] | None = None) -> schemas.Run:
+    """Build a :class:`schemas.Run` from a ``runs`` row."""
+    waiting = None
+    if row["waiting_kind"]:
+        waiting = schemas.WaitingOn(
+            kind=row["waiting_kind"], name=row["waiting_name"], deadline=row["waiting_deadline"]
+        )
+    return schemas.Run(
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        version=row["version"],
+        status=row["status"],
+        reason=row["reason"],
+        input=json.loads(row["input"]),
+        output=json.loads(row["output"]),
+        error=json.loads(row["error"]),
+        idempotency_key=row["idempotency_key"],
+        concurrency_key=row["concurrency_key"],
+        attempt=row["attempt"],
+        lease_owner=row["lease_owner"],
+        lease_expires_at=row["lease_expires_at"],
+        waiting_on=waiting,
+        blocked_reason=row["blocked_reason"],
+        step_counts=step_counts,
+        created_by=row["created_by"],
+        created_at=row["created_at"],
+        updated_at=row["updated_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+    )
+
+
+def step_view(row: Mapping[str, Any]) -> schemas.Step:
+    """Build a :class:`schemas.Step` from a ``steps`` row."""
+    duration = None
+    if row["started_at"] is not None and row["finished_at"] is not None:
+        duration = (row["finished_at"] - row["started_at"]).total_seconds() * 1000.0
+    return schemas.Step(
+        step_id=row["step_id"],
+        seq=row["seq"],
+        kind=row["kind"],
+        name=row["name"],
+        status=row["status"],
+        attempt=row["attempt"],
+        max_attempts=row["max_attempts"],
+        output=json.loads(row["output"]),
+        error=json.loads(row["error"]),
+        next_attempt_at=row["next_attempt_at"],
+        created_at=row["created_at"],
+        started_at=row["started_at"],
+        finished_at=row["finished_at"],
+        duration_ms=duration,
+    )
+
+
+def event_view(row: Mapping[str, Any]) -> schemas.Event:
+    """Build a :class:`schemas.Event` from an ``events`` row."""
+    return schemas.Event(
+        event_id=row["event_id"],
+        at=row["at"],
+        kind=row["kind"],
+        step_id=row["step_id"],
+        actor=row["actor"],
+        data=json.loads(row["data"]),
+    )
+
+
+def dead_letter_view(row: Mapping[str, Any]) -> schemas.DeadLetter:
+    """Build a :class:`schemas.DeadLetter` from a ``dead_letters`` row."""
+    return schemas.DeadLetter(
+        dead_letter_id=row["dead_letter_id"],
+        run_id=row["run_id"],
+        workflow=row["workflow"],
+        reason=row["reason"],
+        error=json.loads(row["error"]),
+        status=row["status"],
+        created_at=row["created_at"],
+        requeued_at=row["requeued_at"],
+        requeued_by=row["requeued_by"],
+        requeue_reason=row["requeue_reason"],
+        correlation_id=row["correlation_id"],
+    )
+
+
+def _short(value: Any, limit: int = 120) -> str:
+    text = value if isinstance(value, str) else json.dumps(value)
+    return text if len(text) <= limit else text[: limit - 1] + "…"
+
+
+def render_report_text(report: schemas.RunReport) -> str:
+    """Render the operator's report as four plain-text sections for a terminal.
+
+    Sections: RUN, STEPS, TIMELINE, DEAD LETTERS. Times are UTC ISO 8601.
+    """
+    r = report.run
+    lines = [
+        f"Treadle run report — generated {report.generated_at.isoformat()}",
+        "",
+        "== RUN ==",
+        f"run_id       {r.run_id}",
+        f"workflow     {r.workflow} (version {r.version})",
+        f"status       {r.status}" + (f" ({r.reason})" if r.reason else ""),
+        f"attempt      {r.attempt}",
+        f"created      {r.created_at.isoformat()} by {r.created_by}",
+        f"started      {r.started_at.isoformat() if r.started_at else '-'}",
+        f"finished     {r.finished_at.isoformat() if r.finished_at else '-'}",
+        f"lease        {r.lease_owner or '-'}"
+        + (f" until {r.lease_expires_at.isoformat()}" if r.lease_expires_at else ""),
+    ]
+    if r.waiting_on is not None:
+        deadline = r.waiting_on.deadline.isoformat() if r.waiting_on.deadline else "none"
+        lines.append(f"waiting on   {r.waiting_on.kind} {r.waiting_on.name or ''} "
+                     f"(deadline {deadline})")
+    if r.blocked_reason:
+        lines.append(f"blocked      {r.blocked_reason}")
+    if r.output is not None:
+        lines.append(f"output       {_short(r.output, 300)}")
+    if r.error is not None:
+        err = r.error if isinstance(r.error, dict) else {"message": r.error}
+        lines.append(f"error        {err.get('type', 'Error')}: {_short(err.get('message', ''), 300)}")
+    lines += ["", f"== STEPS ({len(report.steps)}) =="]
+    if not report.steps:
+        lines.append("(none)")
+    for s in report.steps:
+        duration = f"{s.duration_ms:.1f} ms" if s.duration_ms is not None else "-"
+        lines.append(f"{s.seq:>4}  {s.step_id:<32} {s.status:<12} attempt {s.attempt}/"
+                     f"{s.max_attempts}  {duration}")
+        if s.error is not None and isinstance(s.error, dict):
+            lines.append(f"      error: {s.error.get('type', 'Error')}: "
+                         f"{_short(s.error.get('message', ''))}")
+        if s.next_attempt_at is not None and s.status == "retry_wait":
+            lines.append(f"      next attempt at {s.next_attempt_at.isoformat()}")
+    lines += ["", f"== TIMELINE ({len(report.events)} events"
+              + (", truncated" if report.events_truncated else "") + ") =="]
+    for e in report.events:
+        who = f" by {e.actor}" if e.actor else ""
+        step = f" [{e.step_id}]" if e.step_id else ""
+        data = f" {_short(e.data)}" if e.data else ""
+        lines.append(f"{e.at.isoformat()}  {e.kind}{step}{who}{data}")
+    lines += ["", f"== DEAD LETTERS ({len(report.dead_letters)}) =="]
+    if not report.dead_letters:
+        lines.append("(none)")
+    for d in report.dead_letters:
+        lines.append(f"{d.dead_letter_id}  {d.status}  {d.reason}  {d.created_at.isoformat()}")
+        if d.requeued_at is not None:
+            lines.append(f"      requeued {d.requeued_at.isoformat()} by {d.requeued_by}: "
+                         f"{d.requeue_reason} (correlation {d.correlation_id})")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,41 @@
+"""Who is calling: tenant, subject, scopes (DESIGN §4)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+
+
+class Scope(StrEnum):
+    """Permissions a token can carry."""
+
+    RUNS_WRITE = "runs:write"
+    RUNS_READ = "runs:read"
+    RUNS_CANCEL = "runs:cancel"
+    APPROVALS_WRITE = "approvals:write"
+    SIGNALS_WRITE = "signals:write"
+    ADMIN = "admin"
+
+
+ALL_SCOPES = frozenset(Scope)
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """An authenticated caller.
+
+    Attributes:
+        tenant_id: every query the caller makes is scoped to this tenant.
+        subject: who (``sub`` claim); recorded as the actor of submissions and cancels.
+        scopes: granted scopes.
+        groups: group claims (approvals may require one).
+    """
+
+    tenant_id: str
+    subject: str
+    scopes: frozenset[Scope]
+    groups: frozenset[str] = field(default_factory=frozenset)
+
+    def has(self, scope: Scope) -> bool:
+        """True if the principal holds ``scope`` (``admin`` implies every scope)."""
+        return scope in self.scopes or Scope.ADMIN in self.scopes

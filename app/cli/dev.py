@@ -1,0 +1,55 @@
+"""``treadle dev``: API and an in-process worker on the embedded SQLite default."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+
+import typer
+import uvicorn
+
+from app.api.app import create_app
+from app.auth.dev import DevTokens, dev_secret
+from app.auth.principal import ALL_SCOPES
+from app.core.logging import configure_logging
+from app.core.settings import Settings
+from app.db.database import Database
+from app.db.migrations import migrate
+from app.engine.registry import Registry
+from app.worker.worker import Worker
+
+
+async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
+    """Migrate, then serve the API and run a worker in this process until Ctrl-C."""
+    configure_logging(settings)
+    await migrate(settings.database_url)
+    registry = Registry.from_modules(handler_modules)
+    db = Database(settings)
+    worker = Worker(settings, db, registry)
+    api = create_app(settings, db=db, on_submit=worker.wake)
+    config = uvicorn.Config(api, host=settings.host, port=settings.port, log_level="warning",
+                            access_log=False)
+    server = uvicorn.Server(config)
+    token = DevTokens(dev_secret(settings)).mint(
+        tenant_id="default", subject="dev", scopes=ALL_SCOPES
+    )
+    url = f"http://{settings.host}:{settings.port}"
+    typer.echo(f"Treadle dev server on {url} (database {settings.database_url})")
+    typer.echo(f"workflows: {', '.join(f'{n}@{v}' for n, v in registry.keys)}")
+    typer.echo(f"export TREADLE_URL={url}")
+    typer.echo(f"export TREADLE_TOKEN={token}")
+
+    loop = asyncio.get_running_loop()
+
+    def stop() -> None:
+        server.should_exit = True
+        worker.stop()
+
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop)
+    server_task = asyncio.create_task(server._serve())  # noqa: SLF001 - keep our handlers
+    worker_task = asyncio.create_task(worker.run())
+    try:
+        await asyncio.gather(server_task, worker_task)
+    finally:
+        await db.dispose()

@@ -1,0 +1,235 @@
+"""The ``treadle`` command (typer): processes, migrations, tokens and run operations."""
+
+from __future__ import annotations
+
+import asyncio
+import json as stdjson
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Any, NoReturn
+
+import httpx
+import typer
+
+from app.core.settings import Settings, format_settings_error
+
+app = typer.Typer(help="Treadle: durable workflows as a service.", no_args_is_help=True)
+runs_app = typer.Typer(help="Operate on runs through the HTTP API.", no_args_is_help=True)
+app.add_typer(runs_app, name="runs")
+
+EXAMPLE_HANDLERS = ["examples.orders"]
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    typer.secho(message, fg=typer.colors.RED, err=True)
+    raise typer.Exit(code)
+
+
+def load_settings(**overrides: Any) -> Settings:
+    """Build settings from the environment; exit 2 with the variable named when invalid."""
+    try:
+        return Settings(**{k: v for k, v in overrides.items() if v is not None})
+    except Exception as exc:  # noqa: BLE001 - pydantic ValidationError, shown per variable
+        _fail("invalid settings:\n" + format_settings_error(exc))
+
+
+def _run(coro: Any) -> None:
+    from app.core.errors import SchemaVersionMismatch
+
+    try:
+        asyncio.run(coro)
+    except SchemaVersionMismatch as exc:
+        _fail(f"refusing to start: {exc.detail}")
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command()
+def migrate() -> None:
+    """Upgrade the database schema to this code's head (safe to run concurrently)."""
+    from app.db.migrations import head_revision, upgrade_to_head
+
+    settings = load_settings()
+    upgrade_to_head(settings.database_url)
+    typer.echo(f"database at revision {head_revision()}")
+
+
+@app.command()
+def serve(
+    host: Annotated[str | None, typer.Option(help="Bind address")] = None,
+    port: Annotated[int | None, typer.Option(help="Port")] = None,
+) -> None:
+    """Run the HTTP API (uvicorn). Refuses to start unless the schema is at head."""
+    import uvicorn
+
+    from app.api.app import create_app
+    from app.core.logging import configure_logging
+
+    settings = load_settings(host=host, port=port)
+    configure_logging(settings)
+    api = create_app(settings)
+    uvicorn.run(api, host=settings.host, port=settings.port, log_level="warning",
+                access_log=False)
+
+
+@app.command()
+def worker(
+    handlers: Annotated[list[str], typer.Option("--handlers", help="Module(s) with @workflow")],
+    concurrency: Annotated[int | None, typer.Option(help="Runs executed at once")] = None,
+) -> None:
+    """Run a worker executing the workflows defined in ``--handlers`` modules."""
+    from app.core.logging import configure_logging
+    from app.worker.worker import run_worker
+
+    settings = load_settings()
+    configure_logging(settings)
+    sys.path.insert(0, os.getcwd())
+    _run(run_worker(settings, handlers, concurrency))
+
+
+@app.command()
+def dev(
+    port: Annotated[int | None, typer.Option(help="Port")] = None,
+    handlers: Annotated[list[str] | None, typer.Option("--handlers")] = None,
+) -> None:
+    """API + an in-process worker on the embedded SQLite database, examples loaded."""
+    from app.cli.dev import run_dev
+
+    settings = load_settings(port=port)
+    sys.path.insert(0, os.getcwd())
+    _run(run_dev(settings, handlers or EXAMPLE_HANDLERS))
+
+
+@app.command()
+def token(
+    tenant: Annotated[str, typer.Option(help="Tenant id")] = "default",
+    subject: Annotated[str, typer.Option(help="Subject (who)")] = "dev",
+    scopes: Annotated[str, typer.Option(help="Space- or comma-separated scopes")] = (
+        "runs:write runs:read runs:cancel approvals:write signals:write"
+    ),
+    ttl: Annotated[int, typer.Option(help="Lifetime in seconds")] = 86_400,
+) -> None:
+    """Print a dev-mode token (HS256, signed with the local dev secret)."""
+    from app.auth.dev import DevTokens, dev_secret
+
+    settings = load_settings()
+    try:
+        minted = DevTokens(dev_secret(settings)).mint(
+            tenant_id=tenant, subject=subject, scopes=scopes.replace(",", " ").split(),
+            ttl_seconds=ttl,
+        )
+    except ValueError as exc:
+        _fail(str(exc))
+    typer.echo(minted)
+
+
+# --- operator commands over HTTP -------------------------------------------------------
+
+URL = Annotated[str, typer.Option(envvar="TREADLE_URL", help="API base URL")]
+TOKEN = Annotated[str | None, typer.Option("--token", envvar="TREADLE_TOKEN", help="Bearer token")]
+
+
+def _client(url: str, tok: str | None) -> httpx.Client:
+    if not tok:
+        _fail("no token: pass --token or set TREADLE_TOKEN (dev: `treadle token`)")
+    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {tok}"}, timeout=330)
+
+
+def _show(resp: httpx.Response) -> None:
+    if resp.headers.get("content-type", "").startswith("text/plain"):
+        typer.echo(resp.text, nl=False)
+    else:
+        typer.echo(stdjson.dumps(resp.json(), indent=2, ensure_ascii=False))
+    if resp.status_code >= 400:
+        raise typer.Exit(1)
+
+
+@runs_app.command("start")
+def runs_start(
+    workflow: str,
+    input_json: Annotated[str, typer.Option("--input", help="JSON input or @file.json")] = "{}",
+    key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
+    version: Annotated[str | None, typer.Option()] = None,
+    url: URL = "http://127.0.0.1:8000",
+    tok: TOKEN = None,
+) -> None:
+    """Submit a run."""
+    text = Path(input_json[1:]).read_text() if input_json.startswith("@") else input_json
+    try:
+        payload = stdjson.loads(text)
+    except ValueError as exc:
+        _fail(f"--input is not valid JSON: {exc}")
+    body: dict[str, Any] = {"workflow": workflow, "input": payload}
+    if key:
+        body["idempotency_key"] = key
+    if version:
+        body["version"] = version
+    with _client(url, tok) as c:
+        _show(c.post("/runs", json=body))
+
+
+@runs_app.command("get")
+def runs_get(run_id: str, url: URL = "http://127.0.0.1:8000", tok: TOKEN = None) -> None:
+    """Show one run."""
+    with _client(url, tok) as c:
+        _show(c.get(f"/runs/{run_id}"))
+
+
+@runs_app.command("list")
+def runs_list(
+    workflow: Annotated[str | None, typer.Option()] = None,
+    status: Annotated[str | None, typer.Option()] = None,
+    limit: Annotated[int, typer.Option()] = 20,
+    url: URL = "http://127.0.0.1:8000",
+    tok: TOKEN = None,
+) -> None:
+    """List runs, newest first."""
+    params: dict[str, Any] = {"limit": limit}
+    if workflow:
+        params["workflow"] = workflow
+    if status:
+        params["status"] = status
+    with _client(url, tok) as c:
+        _show(c.get("/runs", params=params))
+
+
+@runs_app.command("report")
+def runs_report(
+    run_id: str,
+    as_json: Annotated[bool, typer.Option("--json")] = False,
+    url: URL = "http://127.0.0.1:8000",
+    tok: TOKEN = None,
+) -> None:
+    """Print the operator's report (text; --json for JSON)."""
+    with _client(url, tok) as c:
+        _show(c.get(f"/runs/{run_id}/report", params={"format": "json" if as_json else "text"}))
+
+
+@runs_app.command("cancel")
+def runs_cancel(
+    run_id: str,
+    reason: Annotated[str | None, typer.Option()] = None,
+    url: URL = "http://127.0.0.1:8000",
+    tok: TOKEN = None,
+) -> None:
+    """Cancel a run."""
+    with _client(url, tok) as c:
+        _show(c.post(f"/runs/{run_id}/cancel", json={"reason": reason} if reason else None))
+
+
+@runs_app.command("result")
+def runs_result(
+    run_id: str,
+    wait: Annotated[float, typer.Option(help="Seconds to wait")] = 30,
+    url: URL = "http://127.0.0.1:8000",
+    tok: TOKEN = None,
+) -> None:
+    """Wait for and print a run's result."""
+    with _client(url, tok) as c:
+        _show(c.get(f"/runs/{run_id}/result", params={"wait": wait}))
+
+
+def main() -> None:
+    """Console-script entry point."""
+    app()

@@ -1,0 +1,121 @@
+"""The domain error tree.
+
+Every error Treadle raises on purpose derives from :class:`TreadleError`, carries a stable
+``code`` and structured ``data``, and is mapped to an RFC 9457 problem response in exactly
+one place (``app.api.problems``). Control signals that user code must not swallow
+(:class:`LeaseLost`) derive from ``BaseException`` so ``except Exception`` cannot eat them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class TreadleError(Exception):
+    """Base of every deliberate Treadle error.
+
+    Attributes:
+        code: stable machine-readable identifier (snake_case), part of the API contract.
+        detail: human-readable explanation.
+        data: extra JSON-serialisable members added to the problem body.
+    """
+
+    code = "treadle_error"
+
+    def __init__(self, detail: str, **data: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.data = data
+
+
+class NotFoundError(TreadleError):
+    """The named resource does not exist *for this tenant* (404)."""
+
+    code = "not_found"
+
+
+class RunNotFound(NotFoundError):
+    """No run with this id is visible to the caller's tenant."""
+
+    code = "run_not_found"
+
+
+class WorkflowNotFound(NotFoundError):
+    """No worker has registered this workflow (or this version of it)."""
+
+    code = "workflow_not_found"
+
+
+class ConflictError(TreadleError):
+    """The request conflicts with the current state (409)."""
+
+    code = "conflict"
+
+
+class IdempotencyConflict(ConflictError):
+    """An idempotency key was reused with a different workflow, version or input."""
+
+    code = "idempotency_key_reused"
+
+
+class RunFinished(ConflictError):
+    """The run is terminal and the operation needs a live run."""
+
+    code = "run_finished"
+
+
+class InvalidInput(TreadleError):
+    """A payload is valid JSON but not valid for its schema (422).
+
+    ``data["errors"]`` lists ``{"path": "items.0.sku", "message": …}`` entries.
+    """
+
+    code = "invalid_input"
+
+
+class BadRequest(TreadleError):
+    """The request itself is malformed: bad JSON, a bad page token (400)."""
+
+    code = "bad_request"
+
+
+class PayloadTooLarge(TreadleError):
+    """A payload exceeds ``TREADLE_MAX_PAYLOAD_BYTES`` (413)."""
+
+    code = "payload_too_large"
+
+
+class Unauthenticated(TreadleError):
+    """No valid bearer token (401, with ``WWW-Authenticate`` per RFC 6750)."""
+
+    code = "unauthenticated"
+
+
+class Forbidden(TreadleError):
+    """The principal lacks a required scope (403); ``data["required_scope"]`` names it."""
+
+    code = "forbidden"
+
+
+class SchemaVersionMismatch(TreadleError):
+    """The database schema is behind or ahead of this code's Alembic head."""
+
+    code = "schema_version_mismatch"
+
+
+class CeilingExceeded(TreadleError):
+    """A configured ceiling (steps per run, …) was hit; ``data["ceiling"]`` names it."""
+
+    code = "ceiling_exceeded"
+
+
+class LeaseLost(BaseException):  # noqa: N818 - a control signal, not an error
+    """The worker's lease (fence) on a run is gone: it must stop without committing.
+
+    Raised by every fenced write that affects zero rows. Derives from ``BaseException`` so
+    handler code cannot swallow it with ``except Exception``.
+    """
+
+    def __init__(self, run_id: object) -> None:
+        super().__init__(f"lease lost on run {run_id}")
+        self.run_id = run_id

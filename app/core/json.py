@@ -1,0 +1,51 @@
+"""Payload encoding: JSON text, stored verbatim.
+
+Payloads are kept as JSON *text* (not PostgreSQL ``jsonb``) so they round-trip exactly:
+``jsonb`` rejects ``\\u0000`` and would normalise numbers and key order. ``ensure_ascii``
+escapes NUL and non-BMP characters, so the text is safe in any TEXT column; Python's
+``json`` keeps integers of any size (beyond 2^53). See docs/adr/0002-payload-encoding.md.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from app.core.errors import PayloadTooLarge
+
+
+def dumps(value: Any) -> str:
+    """Encode a JSON-compatible value as compact ASCII JSON text.
+
+    Raises:
+        TypeError / ValueError: the value is not JSON-serialisable (NaN is refused).
+    """
+    return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
+
+
+def loads(text: str | None) -> Any:
+    """Decode JSON text written by :func:`dumps`; ``None`` stays ``None``."""
+    if text is None:
+        return None
+    return json.loads(text)
+
+
+def dumps_limited(value: Any, limit: int, what: str) -> str:
+    """Encode like :func:`dumps`, then enforce the payload byte ceiling.
+
+    Args:
+        value: JSON-compatible value.
+        limit: maximum encoded size in bytes (``TREADLE_MAX_PAYLOAD_BYTES``).
+        what: what the payload is ("input", "step output"), for the error message.
+
+    Raises:
+        PayloadTooLarge: the encoded value is longer than ``limit`` bytes.
+    """
+    text = dumps(value)
+    if len(text) > limit:
+        raise PayloadTooLarge(
+            f"{what} is {len(text)} bytes encoded; the limit is {limit} bytes",
+            limit_bytes=limit,
+            size_bytes=len(text),
+        )
+    return text

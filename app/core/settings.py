@@ -1,0 +1,127 @@
+"""Process settings read from ``TREADLE_*`` environment variables (pydantic-settings).
+
+Settings are built once per process by its composition root (``create_app``,
+``run_worker``, the CLI) and passed down; nothing reads the environment at import time.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from pathlib import Path
+from typing import Self
+
+from pydantic import Field, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+DEFAULT_DATA_DIR = Path(".treadle")
+DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./.treadle/treadle.db"
+
+
+class AuthMode(StrEnum):
+    """How bearer tokens are verified.
+
+    ``dev``: HS256 tokens minted locally by ``treadle token`` with a shared secret.
+    """
+
+    DEV = "dev"
+
+
+class LogFormat(StrEnum):
+    """Log renderer: ``json`` for production, ``console`` for a terminal."""
+
+    JSON = "json"
+    CONSOLE = "console"
+
+
+class Settings(BaseSettings):
+    """All tunables of an API or worker process.
+
+    Every field maps to ``TREADLE_<FIELD>`` (e.g. ``TREADLE_DATABASE_URL``). Durations are
+    in seconds (floats allowed). Invalid values raise ``pydantic.ValidationError`` naming
+    the variable; the CLI turns that into a one-line message and exit code 2.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="TREADLE_", extra="ignore", frozen=True)
+
+    database_url: str = Field(
+        default=DEFAULT_DATABASE_URL,
+        description="SQLAlchemy async URL: postgresql+asyncpg://… or sqlite+aiosqlite:///path.",
+    )
+    db_pool_size: int = Field(default=10, ge=1, le=200, description="Connections per process.")
+    db_statement_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    sqlite_busy_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+
+    auth_mode: AuthMode = AuthMode.DEV
+    dev_secret: str | None = Field(
+        default=None,
+        min_length=32,
+        description="HS256 secret for dev tokens; default: generated once in .treadle/dev-secret.",
+    )
+    data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="Local state for dev mode.")
+
+    max_payload_bytes: int = Field(
+        default=1_048_576, ge=1024, le=64 * 1_048_576, description="Ceiling on one JSON payload."
+    )
+    max_steps_per_run: int = Field(default=10_000, ge=1, le=1_000_000)
+
+    lease_ttl_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
+    heartbeat_interval_seconds: float = Field(default=10.0, gt=0.0)
+    poll_interval_seconds: float = Field(default=1.0, ge=0.01, le=60.0)
+    worker_concurrency: int = Field(default=16, ge=1, le=1000)
+    drain_grace_seconds: float = Field(default=30.0, ge=0.0, le=3600.0)
+    inline_retry_max_seconds: float = Field(
+        default=5.0,
+        ge=0.0,
+        le=60.0,
+        description="Retries due sooner than this wait in the worker; later ones release the run.",
+    )
+
+    host: str = "127.0.0.1"
+    port: int = Field(default=8000, ge=1, le=65535)
+    log_format: LogFormat = LogFormat.CONSOLE
+    log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _check_lease_timing(self) -> Self:
+        # A heartbeat must land at least twice per TTL or a single slow beat loses the lease.
+        if self.heartbeat_interval_seconds >= self.lease_ttl_seconds / 2:
+            raise ValueError(
+                "TREADLE_HEARTBEAT_INTERVAL_SECONDS must be less than half of "
+                f"TREADLE_LEASE_TTL_SECONDS ({self.heartbeat_interval_seconds} >= "
+                f"{self.lease_ttl_seconds}/2)"
+            )
+        if self.poll_interval_seconds >= self.lease_ttl_seconds:
+            raise ValueError(
+                "TREADLE_POLL_INTERVAL_SECONDS must be less than TREADLE_LEASE_TTL_SECONDS"
+            )
+        return self
+
+    @property
+    def is_sqlite(self) -> bool:
+        """True when the database URL names SQLite (the embedded default)."""
+        return self.database_url.startswith("sqlite")
+
+
+def format_settings_error(exc: Exception) -> str:
+    """Render a pydantic ``ValidationError`` from :class:`Settings` as lines naming variables.
+
+    Args:
+        exc: the error raised while building ``Settings()``.
+
+    Returns:
+        One line per invalid variable, e.g. ``TREADLE_PORT: Input should be … (got 'x')``.
+    """
+    from pydantic import ValidationError
+
+    if not isinstance(exc, ValidationError):
+        return str(exc)
+    lines = []
+    for err in exc.errors():
+        loc = [str(p) for p in err.get("loc", ())]
+        name = "TREADLE_" + loc[0].upper() if loc else "settings"
+        msg = err.get("msg", "invalid")
+        if "input" in err and loc:
+            lines.append(f"{name}: {msg} (got {err['input']!r})")
+        else:
+            lines.append(f"{name}: {msg}" if loc else msg)
+    return "\n".join(lines)

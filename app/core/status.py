@@ -1,0 +1,82 @@
+"""Run and step statuses and terminal reasons (DESIGN §2); one vocabulary everywhere."""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class RunStatus(StrEnum):
+    """Lifecycle of a run. Terminal: completed, failed, cancelled, compensated."""
+
+    QUEUED = "queued"
+    RUNNING = "running"
+    RETRYING = "retrying"
+    WAITING_APPROVAL = "waiting_approval"
+    WAITING_SIGNAL = "waiting_signal"
+    WAITING_TIMER = "waiting_timer"
+    WAITING_CHILD = "waiting_child"
+    COMPENSATING = "compensating"
+    CANCELLING = "cancelling"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    COMPENSATED = "compensated"
+
+    @property
+    def is_terminal(self) -> bool:
+        """True for statuses a run never leaves."""
+        return self in TERMINAL_RUN_STATUSES
+
+
+TERMINAL_RUN_STATUSES = frozenset(
+    {RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED, RunStatus.COMPENSATED}
+)
+
+
+class RunReason(StrEnum):
+    """Why a terminal run ended the way it did."""
+
+    SUCCEEDED = "succeeded"
+    CANCELED_BY_REQUEST = "canceled_by_request"
+    FAILURE_NON_RETRYABLE = "failure_non_retryable"
+    FAILURE_ATTEMPTS_EXHAUSTED = "failure_attempts_exhausted"
+    FAILURE_TIMED_OUT = "failure_timed_out"
+    FAILURE_NONDETERMINISM = "failure_nondeterminism"
+    FAILURE_TRANSITIONS_EXHAUSTED = "failure_transitions_exhausted"
+    FAILURE_AUTHORIZATION = "failure_authorization"
+    FAILURE_CORRUPT_STATE = "failure_corrupt_state"
+
+
+class StepStatus(StrEnum):
+    """Lifecycle of one journaled step."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    RETRY_WAIT = "retry_wait"
+    WAITING = "waiting"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    TIMED_OUT = "timed_out"
+    CANCELLED = "cancelled"
+    COMPENSATING = "compensating"
+    COMPENSATED = "compensated"
+    COMPENSATION_FAILED = "compensation_failed"
+
+
+class EventKind(StrEnum):
+    """Kinds of rows in a run's append-only timeline."""
+
+    RUN_SUBMITTED = "run_submitted"
+    RUN_CLAIMED = "run_claimed"
+    RUN_RELEASED = "run_released"
+    RUN_COMPLETED = "run_completed"
+    RUN_FAILED = "run_failed"
+    RUN_CANCEL_REQUESTED = "run_cancel_requested"
+    RUN_CANCELLED = "run_cancelled"
+    RUN_BLOCKED = "run_blocked"
+    STEP_STARTED = "step_started"
+    STEP_SUCCEEDED = "step_succeeded"
+    STEP_FAILED = "step_failed"
+    STEP_RETRY_SCHEDULED = "step_retry_scheduled"
+    STEP_TIMED_OUT = "step_timed_out"
+    DEAD_LETTER_WRITTEN = "dead_letter_written"

@@ -1,0 +1,131 @@
+"""Connection factory: async engines for PostgreSQL (asyncpg) and SQLite (aiosqlite, WAL).
+
+One :class:`Database` per process, built from settings by the composition root. The engine
+owns transaction boundaries: query functions in ``app.db.queries`` take a connection and
+never begin or commit.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import AsyncIterator
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import event, select
+from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+
+from app.core.settings import Settings
+from app.db.dialect import now_expr
+
+
+def _sqlite_path(url: str) -> Path | None:
+    database = make_url(url).database
+    if not database or database == ":memory:":
+        return None
+    return Path(database)
+
+
+class Database:
+    """Async engines plus the dialect name.
+
+    ``write()`` opens a transaction that takes the write lock up front on SQLite
+    (``BEGIN IMMEDIATE``, so two writers never deadlock upgrading a read lock); ``read()``
+    opens a plain transaction that WAL lets run beside a writer. On PostgreSQL both share
+    one pool.
+
+    Attributes:
+        dialect: ``"postgresql"`` or ``"sqlite"``.
+        engine: the writer engine (also used by Alembic and LISTEN).
+    """
+
+    def __init__(self, settings: Settings) -> None:
+        self.settings = settings
+        self.url = settings.database_url
+        url = make_url(self.url)
+        self.dialect = url.get_backend_name()
+        if self.dialect == "sqlite":
+            path = _sqlite_path(self.url)
+            if path is not None:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            self.engine = self._sqlite_engine(immediate=True)
+            self.read_engine = self._sqlite_engine(immediate=False)
+        elif self.dialect == "postgresql":
+            timeout_ms = int(settings.db_statement_timeout_seconds * 1000)
+            self.engine = create_async_engine(
+                self.url,
+                pool_size=settings.db_pool_size,
+                max_overflow=0,
+                pool_pre_ping=True,
+                connect_args={"server_settings": {"statement_timeout": str(timeout_ms)}},
+            )
+            self.read_engine = self.engine
+        else:
+            raise ValueError(
+                f"TREADLE_DATABASE_URL: unsupported database {self.dialect!r}; "
+                "use postgresql+asyncpg:// or sqlite+aiosqlite://"
+            )
+
+    def _sqlite_engine(self, *, immediate: bool) -> AsyncEngine:
+        busy_ms = int(self.settings.sqlite_busy_timeout_seconds * 1000)
+        pool: dict[str, Any] = {}
+        if _sqlite_path(self.url) is not None:
+            # One writer connection per process: SQLite has one writer anyway, and queueing
+            # in our pool beats spinning on the busy timeout.
+            pool = {"pool_size": 1 if immediate else self.settings.db_pool_size, "max_overflow": 0}
+        engine = create_async_engine(
+            self.url,
+            connect_args={"timeout": self.settings.sqlite_busy_timeout_seconds},
+            **pool,
+        )
+
+        @event.listens_for(engine.sync_engine, "connect")
+        def _on_connect(dbapi_conn: Any, _record: Any) -> None:
+            # Take over transaction control from the sqlite3 module (SQLAlchemy's
+            # documented recipe) so BEGIN IMMEDIATE is ours to issue.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={busy_ms}")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        @event.listens_for(engine.sync_engine, "begin")
+        def _on_begin(conn: Any) -> None:
+            conn.exec_driver_sql("BEGIN IMMEDIATE" if immediate else "BEGIN")
+
+        return engine
+
+    @contextlib.asynccontextmanager
+    async def write(self) -> AsyncIterator[AsyncConnection]:
+        """Open a write transaction; commits on success, rolls back on any exception."""
+        async with self.engine.begin() as conn:
+            yield conn
+
+    @contextlib.asynccontextmanager
+    async def read(self) -> AsyncIterator[AsyncConnection]:
+        """Open a read-only-by-convention transaction (rolled back at the end)."""
+        async with self.read_engine.connect() as conn:
+            async with conn.begin():
+                yield conn
+
+    async def now(self) -> datetime:
+        """Return the database clock as an aware UTC datetime."""
+        async with self.read() as conn:
+            return await fetch_now(conn, self.dialect)
+
+    async def dispose(self) -> None:
+        """Close every pooled connection."""
+        await self.engine.dispose()
+        if self.read_engine is not self.engine:
+            await self.read_engine.dispose()
+
+
+async def fetch_now(conn: AsyncConnection, dialect: str) -> datetime:
+    """Return the database clock through an open connection (aware UTC)."""
+    value = (await conn.execute(select(now_expr(dialect)))).scalar_one()
+    assert isinstance(value, datetime)
+    return value

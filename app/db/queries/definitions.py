@@ -1,0 +1,118 @@
+"""Queries on ``workflow_definitions`` and ``workers``."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import RowMapping, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.dialect import now_expr, now_plus
+from app.db.tables import workers, workflow_definitions
+
+
+def _insert(conn: AsyncConnection, table: Any) -> Any:
+    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
+
+
+async def upsert_definition(
+    conn: AsyncConnection,
+    *,
+    name: str,
+    version: str,
+    kind: str,
+    input_schema: str,
+    output_schema: str,
+) -> None:
+    """Register (or refresh) one workflow definition version."""
+    now = now_expr(conn.dialect.name)
+    stmt = _insert(conn, workflow_definitions).values(
+        name=name,
+        version=version,
+        kind=kind,
+        input_schema=input_schema,
+        output_schema=output_schema,
+        first_registered_at=now,
+        last_registered_at=now,
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["name", "version"],
+        set_={
+            "kind": kind,
+            "input_schema": input_schema,
+            "output_schema": output_schema,
+            "last_registered_at": now,
+        },
+    )
+    await conn.execute(stmt)
+
+
+async def get_definitions(conn: AsyncConnection, name: str) -> Sequence[RowMapping]:
+    """Every registered version of one workflow."""
+    stmt = select(workflow_definitions).where(workflow_definitions.c.name == name)
+    return (await conn.execute(stmt)).mappings().all()
+
+
+async def list_definitions(conn: AsyncConnection) -> Sequence[RowMapping]:
+    """Every registered definition, by name then first registration."""
+    stmt = select(workflow_definitions).order_by(
+        workflow_definitions.c.name, workflow_definitions.c.first_registered_at
+    )
+    return (await conn.execute(stmt)).mappings().all()
+
+
+async def upsert_worker(
+    conn: AsyncConnection,
+    *,
+    worker_id: str,
+    hostname: str,
+    pid: int,
+    concurrency: int,
+    definitions: str,
+) -> None:
+    """Record a starting worker and the definitions it can run (JSON list)."""
+    now = now_expr(conn.dialect.name)
+    stmt = _insert(conn, workers).values(
+        worker_id=worker_id,
+        hostname=hostname,
+        pid=pid,
+        concurrency=concurrency,
+        definitions=definitions,
+        started_at=now,
+        last_heartbeat_at=now,
+        stopped_at=None,
+    )
+    stmt = stmt.on_conflict_do_update(
+        index_elements=["worker_id"],
+        set_={"last_heartbeat_at": now, "stopped_at": None, "definitions": definitions},
+    )
+    await conn.execute(stmt)
+
+
+async def touch_worker(conn: AsyncConnection, worker_id: str) -> None:
+    """Heartbeat of the worker process itself."""
+    await conn.execute(
+        update(workers)
+        .where(workers.c.worker_id == worker_id)
+        .values(last_heartbeat_at=now_expr(conn.dialect.name))
+    )
+
+
+async def stop_worker(conn: AsyncConnection, worker_id: str) -> None:
+    """Mark a worker stopped (graceful shutdown)."""
+    await conn.execute(
+        update(workers)
+        .where(workers.c.worker_id == worker_id)
+        .values(stopped_at=now_expr(conn.dialect.name))
+    )
+
+
+async def live_workers(conn: AsyncConnection, *, within_seconds: float) -> Sequence[RowMapping]:
+    """Workers that heartbeated within ``within_seconds`` and have not stopped."""
+    stmt = select(workers).where(
+        workers.c.stopped_at.is_(None),
+        workers.c.last_heartbeat_at >= now_plus(conn.dialect.name, -within_seconds),
+    )
+    return (await conn.execute(stmt)).mappings().all()

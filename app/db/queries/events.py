@@ -1,0 +1,49 @@
+"""Queries on ``events``, each run's append-only timeline."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import RowMapping, insert, select
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core import json
+from app.core.status import EventKind
+from app.db.dialect import now_expr
+from app.db.tables import events
+
+
+async def append(
+    conn: AsyncConnection,
+    *,
+    run_id: uuid.UUID,
+    tenant_id: str,
+    kind: EventKind,
+    step_id: str | None = None,
+    actor: str | None = None,
+    data: dict[str, Any] | None = None,
+) -> None:
+    """Append one event stamped with the database clock. Events are never updated."""
+    await conn.execute(
+        insert(events).values(
+            run_id=run_id,
+            tenant_id=tenant_id,
+            at=now_expr(conn.dialect.name),
+            kind=kind.value,
+            step_id=step_id,
+            actor=actor,
+            data=None if data is None else json.dumps(data),
+        )
+    )
+
+
+async def list_events(
+    conn: AsyncConnection, run_id: uuid.UUID, *, after_id: int | None, limit: int
+) -> Sequence[RowMapping]:
+    """A page of a run's events, oldest first (keyset on ``event_id``)."""
+    stmt = select(events).where(events.c.run_id == run_id)
+    if after_id is not None:
+        stmt = stmt.where(events.c.event_id > after_id)
+    return (await conn.execute(stmt.order_by(events.c.event_id).limit(limit))).mappings().all()

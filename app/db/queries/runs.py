@@ -1,0 +1,370 @@
+"""Queries on ``runs``: submit, read, list, claim, heartbeat, fenced finish, cancel."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import RowMapping, func, select, tuple_, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core.errors import LeaseLost, RunNotFound
+from app.core.status import TERMINAL_RUN_STATUSES, RunStatus
+from app.db.dialect import now_expr, now_plus
+from app.db.tables import runs
+
+# Statuses a worker may claim once ``available_at`` has passed. ``running`` is here on
+# purpose: a running run's ``available_at`` is its lease expiry, so the same claim query
+# recovers runs whose worker died.
+CLAIMABLE_STATUSES = (
+    RunStatus.QUEUED,
+    RunStatus.RUNNING,
+    RunStatus.RETRYING,
+    RunStatus.WAITING_TIMER,
+)
+
+
+def _dialect(conn: AsyncConnection) -> str:
+    return conn.dialect.name
+
+
+async def insert_run(conn: AsyncConnection, values: dict[str, Any]) -> RowMapping | None:
+    """Insert a run unless ``(tenant_id, idempotency_key)`` already exists.
+
+    ``created_at``/``updated_at``/``available_at`` are set from the database clock.
+
+    Returns:
+        The inserted row, or None when an idempotency-key twin exists (the caller then
+        reads it with :func:`get_by_idempotency_key`). Uses ``ON CONFLICT DO NOTHING`` so
+        concurrent identical submissions never raise.
+    """
+    dialect = _dialect(conn)
+    now = now_expr(dialect)
+    row = {**values, "created_at": now, "updated_at": now, "available_at": now}
+    if "delay" in row:
+        delay = row.pop("delay")
+        if delay:
+            row["available_at"] = now_plus(dialect, float(delay))
+    stmt: Any
+    if dialect == "postgresql":
+        stmt = postgresql.insert(runs).values(row)
+    else:
+        stmt = sqlite.insert(runs).values(row)
+    stmt = stmt.on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+    result = await conn.execute(stmt.returning(*runs.c))
+    return result.mappings().first()
+
+
+async def get_by_idempotency_key(
+    conn: AsyncConnection, tenant_id: str, key: str
+) -> RowMapping | None:
+    """Return the tenant's run submitted with this idempotency key, if any."""
+    result = await conn.execute(
+        select(runs).where(runs.c.tenant_id == tenant_id, runs.c.idempotency_key == key)
+    )
+    return result.mappings().first()
+
+
+async def get_run(conn: AsyncConnection, tenant_id: str, run_id: uuid.UUID) -> RowMapping:
+    """Return one run of this tenant.
+
+    Raises:
+        RunNotFound: no such run *for this tenant*: another tenant's id is
+            indistinguishable from a missing one.
+    """
+    result = await conn.execute(
+        select(runs).where(runs.c.run_id == run_id, runs.c.tenant_id == tenant_id)
+    )
+    row = result.mappings().first()
+    if row is None:
+        raise RunNotFound(f"run {run_id} not found", run_id=str(run_id))
+    return row
+
+
+async def get_run_any_tenant(conn: AsyncConnection, run_id: uuid.UUID) -> RowMapping | None:
+    """Return a run regardless of tenant (engine-internal use only; never from routes)."""
+    result = await conn.execute(select(runs).where(runs.c.run_id == run_id))
+    return result.mappings().first()
+
+
+async def list_runs(
+    conn: AsyncConnection,
+    tenant_id: str,
+    *,
+    workflow: str | None,
+    status: str | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
+    before_run_id: uuid.UUID | None,
+    limit: int,
+) -> Sequence[RowMapping]:
+    """List a tenant's runs newest first with keyset pagination on the UUIDv7 run id.
+
+    Keyset (``run_id < :before``) rather than OFFSET keeps pages stable while new runs are
+    inserted: new ids sort above every page already served.
+    """
+    stmt = select(runs).where(runs.c.tenant_id == tenant_id)
+    if workflow is not None:
+        stmt = stmt.where(runs.c.workflow == workflow)
+    if status is not None:
+        stmt = stmt.where(runs.c.status == status)
+    if created_after is not None:
+        stmt = stmt.where(runs.c.created_at >= created_after)
+    if created_before is not None:
+        stmt = stmt.where(runs.c.created_at < created_before)
+    if before_run_id is not None:
+        stmt = stmt.where(runs.c.run_id < before_run_id)
+    stmt = stmt.order_by(runs.c.run_id.desc()).limit(limit)
+    return (await conn.execute(stmt)).mappings().all()
+
+
+async def claim_runs(
+    conn: AsyncConnection,
+    *,
+    worker_id: str,
+    definition_keys: Sequence[tuple[str, str]],
+    limit: int,
+    lease_ttl: float,
+) -> Sequence[RowMapping]:
+    """Lease up to ``limit`` due runs of the given (workflow, version) pairs.
+
+    Why this shape: the CTE picks due rows in ``available_at`` order through the partial
+    index ``ix_runs_claimable``; on PostgreSQL ``FOR UPDATE SKIP LOCKED`` lets many workers
+    claim concurrently without blocking on each other's rows (on SQLite the write lock
+    taken by ``BEGIN IMMEDIATE`` makes the statement atomic). Each claim bumps the fence
+    so any previous holder's later writes fail, and sets ``available_at`` to the lease
+    expiry so that a dead worker's runs come back through this same query.
+    """
+    if not definition_keys or limit <= 0:
+        return []
+    dialect = _dialect(conn)
+    now = now_expr(dialect)
+    due = (
+        select(runs.c.run_id)
+        .where(
+            runs.c.available_at.is_not(None),
+            runs.c.available_at <= now,
+            runs.c.status.in_([s.value for s in CLAIMABLE_STATUSES]),
+            tuple_(runs.c.workflow, runs.c.version).in_(list(definition_keys)),
+        )
+        .order_by(runs.c.available_at)
+        .limit(limit)
+    )
+    if dialect == "postgresql":
+        due = due.with_for_update(skip_locked=True)
+    due_cte = due.cte("due")
+    lease_until = now_plus(dialect, lease_ttl)
+    stmt = (
+        update(runs)
+        .where(runs.c.run_id == due_cte.c.run_id)
+        .values(
+            status=RunStatus.RUNNING.value,
+            fence=runs.c.fence + 1,
+            attempt=runs.c.attempt + 1,
+            lease_owner=worker_id,
+            lease_expires_at=lease_until,
+            available_at=lease_until,
+            started_at=func.coalesce(runs.c.started_at, now),
+            updated_at=now,
+            waiting_kind=None,
+            waiting_name=None,
+            waiting_deadline=None,
+        )
+        .returning(*runs.c)
+    )
+    return (await conn.execute(stmt)).mappings().all()
+
+
+async def renew_leases(
+    conn: AsyncConnection, *, worker_id: str, lease_ttl: float
+) -> dict[uuid.UUID, int]:
+    """Extend every lease this worker still holds; return ``{run_id: fence}`` held.
+
+    Why one statement per worker rather than per run: a heartbeat costs one round trip
+    whatever the concurrency. A run missing from the result was cancelled or taken over:
+    the caller stops executing it.
+    """
+    dialect = _dialect(conn)
+    lease_until = now_plus(dialect, lease_ttl)
+    stmt = (
+        update(runs)
+        .where(runs.c.lease_owner == worker_id, runs.c.status == RunStatus.RUNNING.value)
+        .values(lease_expires_at=lease_until, available_at=lease_until)
+        .returning(runs.c.run_id, runs.c.fence)
+    )
+    rows = (await conn.execute(stmt)).all()
+    return {row[0]: int(row[1]) for row in rows}
+
+
+async def check_fence(conn: AsyncConnection, run_id: uuid.UUID, fence: int) -> None:
+    """Lock the run row if (and only if) ``fence`` is still current.
+
+    Every checkpoint transaction starts with this: the row lock orders it against a
+    concurrent claim or cancel, so a checkpoint either commits before the fence moves or
+    sees the new fence and writes nothing.
+
+    Raises:
+        LeaseLost: the fence moved (claimed elsewhere, cancelled, or lease expired and
+            taken over).
+    """
+    dialect = _dialect(conn)
+    stmt = (
+        update(runs)
+        .where(
+            runs.c.run_id == run_id,
+            runs.c.fence == fence,
+            runs.c.status == RunStatus.RUNNING.value,
+        )
+        .values(updated_at=now_expr(dialect))
+    )
+    result = await conn.execute(stmt)
+    if result.rowcount != 1:
+        raise LeaseLost(run_id)
+
+
+async def finish_run(
+    conn: AsyncConnection,
+    *,
+    run_id: uuid.UUID,
+    fence: int,
+    status: RunStatus,
+    reason: str,
+    output: str | None,
+    error: str | None,
+) -> None:
+    """Write a terminal outcome under the fence and drop the lease.
+
+    Raises:
+        LeaseLost: the fence moved.
+    """
+    dialect = _dialect(conn)
+    now = now_expr(dialect)
+    stmt = (
+        update(runs)
+        .where(
+            runs.c.run_id == run_id,
+            runs.c.fence == fence,
+            runs.c.status == RunStatus.RUNNING.value,
+        )
+        .values(
+            status=status.value,
+            reason=reason,
+            output=output,
+            error=error,
+            lease_owner=None,
+            lease_expires_at=None,
+            available_at=None,
+            blocked_reason=None,
+            finished_at=now,
+            updated_at=now,
+        )
+    )
+    if (await conn.execute(stmt)).rowcount != 1:
+        raise LeaseLost(run_id)
+
+
+async def release_run(
+    conn: AsyncConnection,
+    *,
+    run_id: uuid.UUID,
+    fence: int,
+    status: RunStatus,
+    delay: float | None,
+    waiting_kind: str | None = None,
+    waiting_name: str | None = None,
+) -> None:
+    """Give the run back: claimable again after ``delay`` seconds (None = not by time).
+
+    Raises:
+        LeaseLost: the fence moved.
+    """
+    dialect = _dialect(conn)
+    now = now_expr(dialect)
+    available = None if delay is None else now_plus(dialect, max(delay, 0.0))
+    stmt = (
+        update(runs)
+        .where(
+            runs.c.run_id == run_id,
+            runs.c.fence == fence,
+            runs.c.status == RunStatus.RUNNING.value,
+        )
+        .values(
+            status=status.value,
+            lease_owner=None,
+            lease_expires_at=None,
+            available_at=available,
+            waiting_kind=waiting_kind,
+            waiting_name=waiting_name,
+            waiting_deadline=available if waiting_kind else None,
+            updated_at=now,
+        )
+    )
+    if (await conn.execute(stmt)).rowcount != 1:
+        raise LeaseLost(run_id)
+
+
+async def cancel_run(conn: AsyncConnection, *, run_id: uuid.UUID, tenant_id: str) -> bool:
+    """Cancel a live run: terminal ``cancelled``, fence advanced, lease dropped.
+
+    Returns:
+        True if this call cancelled it; False if it was already terminal (the caller
+        reads the row to tell "already cancelled" from "finished otherwise").
+    """
+    dialect = _dialect(conn)
+    now = now_expr(dialect)
+    stmt = (
+        update(runs)
+        .where(
+            runs.c.run_id == run_id,
+            runs.c.tenant_id == tenant_id,
+            runs.c.status.not_in([s.value for s in TERMINAL_RUN_STATUSES]),
+        )
+        .values(
+            status=RunStatus.CANCELLED.value,
+            reason="canceled_by_request",
+            fence=runs.c.fence + 1,
+            lease_owner=None,
+            lease_expires_at=None,
+            available_at=None,
+            waiting_kind=None,
+            waiting_name=None,
+            waiting_deadline=None,
+            finished_at=now,
+            updated_at=now,
+        )
+    )
+    return (await conn.execute(stmt)).rowcount == 1
+
+
+async def release_all_for_worker(conn: AsyncConnection, *, worker_id: str) -> int:
+    """Release every lease a stopping worker still holds so others claim at once."""
+    dialect = _dialect(conn)
+    now = now_expr(dialect)
+    stmt = (
+        update(runs)
+        .where(runs.c.lease_owner == worker_id, runs.c.status == RunStatus.RUNNING.value)
+        .values(
+            status=RunStatus.QUEUED.value,
+            fence=runs.c.fence + 1,
+            lease_owner=None,
+            lease_expires_at=None,
+            available_at=now,
+            updated_at=now,
+        )
+    )
+    return (await conn.execute(stmt)).rowcount
+
+
+async def count_by_status(conn: AsyncConnection) -> dict[str, int]:
+    """Return ``{status: count}`` over all runs (metrics)."""
+    rows = (await conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status))).all()
+    return {str(r[0]): int(r[1]) for r in rows}
+
+
+def terminal_filter() -> Any:
+    """SQL condition: the run is terminal."""
+    return runs.c.status.in_([s.value for s in TERMINAL_RUN_STATUSES])
+

@@ -1,0 +1,173 @@
+"""Every table of Treadle on one ``MetaData`` with a naming convention.
+
+Alembic migrations under ``alembic/versions`` must produce exactly this schema
+(``tests/migrations`` compares them). Payload columns are JSON *text* (see
+``app.core.json``); timestamps are :class:`UtcDateTime` written from the database clock.
+"""
+
+from __future__ import annotations
+
+from sqlalchemy import (
+    BigInteger,
+    Column,
+    ForeignKey,
+    Index,
+    Integer,
+    MetaData,
+    PrimaryKeyConstraint,
+    String,
+    Table,
+    Text,
+    UniqueConstraint,
+    Uuid,
+    text,
+)
+
+from app.db.types import BigIntPK, UtcDateTime
+
+NAMING_CONVENTION = {
+    "ix": "ix_%(table_name)s_%(column_0_N_name)s",
+    "uq": "uq_%(table_name)s_%(column_0_N_name)s",
+    "ck": "ck_%(table_name)s_%(constraint_name)s",
+    "fk": "fk_%(table_name)s_%(column_0_name)s_%(referred_table_name)s",
+    "pk": "pk_%(table_name)s",
+}
+
+metadata = MetaData(naming_convention=NAMING_CONVENTION)
+
+workflow_definitions = Table(
+    "workflow_definitions",
+    metadata,
+    Column("name", String(200), nullable=False),
+    Column("version", String(64), nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("input_schema", Text, nullable=False),
+    Column("output_schema", Text, nullable=False),
+    Column("first_registered_at", UtcDateTime, nullable=False),
+    Column("last_registered_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("name", "version"),
+)
+
+workers = Table(
+    "workers",
+    metadata,
+    Column("worker_id", String(200), primary_key=True),
+    Column("hostname", String(255), nullable=False),
+    Column("pid", Integer, nullable=False),
+    Column("concurrency", Integer, nullable=False),
+    Column("definitions", Text, nullable=False),  # JSON list of "name@version"
+    Column("started_at", UtcDateTime, nullable=False),
+    Column("last_heartbeat_at", UtcDateTime, nullable=False),
+    Column("stopped_at", UtcDateTime, nullable=True),
+)
+
+runs = Table(
+    "runs",
+    metadata,
+    Column("run_id", Uuid, primary_key=True),
+    Column("tenant_id", String(128), nullable=False),
+    Column("workflow", String(200), nullable=False),
+    Column("version", String(64), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("reason", String(64), nullable=True),
+    Column("input", Text, nullable=False),
+    Column("output", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("idempotency_key", String(255), nullable=True),
+    Column("request_hash", String(64), nullable=True),
+    Column("concurrency_key", String(255), nullable=True),
+    Column("priority", Integer, nullable=False, server_default=text("0")),
+    # The fence (generation) is bumped by every claim and by cancel; every worker write
+    # carries ``fence = :fence`` so a worker that lost its lease can never commit.
+    Column("fence", BigInteger, nullable=False, server_default=text("0")),
+    Column("attempt", Integer, nullable=False, server_default=text("0")),
+    Column("lease_owner", String(200), nullable=True),
+    Column("lease_expires_at", UtcDateTime, nullable=True),
+    # When the run may next be claimed: queued/retry/timer due time, or the lease expiry of
+    # a running run (so expired leases are reclaimed by the same query). NULL = not
+    # claimable (terminal, or waiting on something without a deadline).
+    Column("available_at", UtcDateTime, nullable=True),
+    Column("blocked_reason", Text, nullable=True),
+    Column("waiting_kind", String(32), nullable=True),
+    Column("waiting_name", String(200), nullable=True),
+    Column("waiting_deadline", UtcDateTime, nullable=True),
+    Column("parent_run_id", Uuid, nullable=True),
+    Column("created_by", String(255), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    Column("started_at", UtcDateTime, nullable=True),
+    Column("finished_at", UtcDateTime, nullable=True),
+    UniqueConstraint("tenant_id", "idempotency_key"),
+    Index(
+        "ix_runs_claimable",
+        "available_at",
+        postgresql_where=text("available_at IS NOT NULL"),
+        sqlite_where=text("available_at IS NOT NULL"),
+    ),
+    Index(
+        "ix_runs_lease_owner",
+        "lease_owner",
+        postgresql_where=text("lease_owner IS NOT NULL"),
+        sqlite_where=text("lease_owner IS NOT NULL"),
+    ),
+    Index("ix_runs_tenant_id_run_id", "tenant_id", "run_id"),
+    Index("ix_runs_tenant_id_status_run_id", "tenant_id", "status", "run_id"),
+    Index("ix_runs_tenant_id_workflow_run_id", "tenant_id", "workflow", "run_id"),
+)
+
+steps = Table(
+    "steps",
+    metadata,
+    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("step_id", String(255), nullable=False),
+    Column("tenant_id", String(128), nullable=False),
+    # Call order within the run; replay compares it to detect nondeterminism.
+    Column("seq", Integer, nullable=False),
+    Column("kind", String(32), nullable=False),
+    Column("name", String(255), nullable=False),  # the activity function's qualified name
+    Column("status", String(32), nullable=False),
+    Column("attempt", Integer, nullable=False),
+    Column("max_attempts", Integer, nullable=False),
+    Column("output", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("next_attempt_at", UtcDateTime, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("started_at", UtcDateTime, nullable=True),
+    Column("finished_at", UtcDateTime, nullable=True),
+    Column("fence", BigInteger, nullable=False),
+    PrimaryKeyConstraint("run_id", "step_id"),
+    UniqueConstraint("run_id", "seq"),
+)
+
+events = Table(
+    "events",
+    metadata,
+    Column("event_id", BigIntPK, primary_key=True, autoincrement=True),
+    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("tenant_id", String(128), nullable=False),
+    Column("at", UtcDateTime, nullable=False),
+    Column("kind", String(64), nullable=False),
+    Column("step_id", String(255), nullable=True),
+    Column("actor", String(255), nullable=True),
+    Column("data", Text, nullable=True),
+    Index("ix_events_run_id_event_id", "run_id", "event_id"),
+)
+
+dead_letters = Table(
+    "dead_letters",
+    metadata,
+    Column("dead_letter_id", Uuid, primary_key=True),
+    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("tenant_id", String(128), nullable=False),
+    Column("workflow", String(200), nullable=False),
+    Column("reason", String(64), nullable=False),
+    Column("error", Text, nullable=True),
+    Column("status", String(32), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("requeued_at", UtcDateTime, nullable=True),
+    Column("requeued_by", String(255), nullable=True),
+    Column("requeue_reason", Text, nullable=True),
+    Column("correlation_id", String(255), nullable=True),
+    Index("ix_dead_letters_tenant_id_status", "tenant_id", "status"),
+    Index("ix_dead_letters_run_id", "run_id"),
+)

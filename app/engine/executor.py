@@ -1,0 +1,550 @@
+"""Replay executor: runs a workflow body against its journal under one lease.
+
+Model (after Temporal and DBOS): the body is re-executed from the start on every claim.
+Each ``ctx.step`` call gets the next sequence number; if the journal already holds that
+step's result, the result is returned without running the step again. New steps run, and
+their attempts and results are checkpointed under the run's fence. When the body must wait
+(a retry due later than ``inline_retry_max_seconds``), the execution *suspends*: it lets
+in-flight parallel steps finish and checkpoint, then releases the run until the due time.
+See docs/adr/0003-replay-model.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+import traceback
+import typing
+import uuid
+from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+
+from pydantic import TypeAdapter, ValidationError
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core import json
+from app.core.errors import CeilingExceeded, PayloadTooLarge
+from app.core.settings import Settings
+from app.core.status import EventKind, RunReason, RunStatus, StepStatus
+from app.db.database import Database
+from app.db.queries import events as events_q
+from app.db.queries import runs as runs_q
+from app.db.queries import steps as steps_q
+from app.sdk.context import StepInfo, WorkflowContext, _current_step
+from app.sdk.errors import NondeterminismError, Permanent, StepFailed
+from app.sdk.retry import DEFAULT_RETRY, RetryPolicy
+from app.sdk.workflow import WorkflowDefinition
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, slots=True)
+class Completed:
+    """The body returned; ``output`` is its JSON text."""
+
+    output: str
+
+
+@dataclass(frozen=True, slots=True)
+class Failed:
+    """The run failed for good with ``reason``; ``error`` is a JSON-able description."""
+
+    reason: RunReason
+    error: dict[str, Any]
+
+
+@dataclass(frozen=True, slots=True)
+class Suspended:
+    """The run must wait; claimable again after ``delay`` seconds (DB time)."""
+
+    status: RunStatus
+    delay: float
+
+
+Outcome = Completed | Failed | Suspended
+
+
+def error_info(exc: BaseException, **extra: Any) -> dict[str, Any]:
+    """Describe an exception as ``{type, message, traceback, …extra}`` (JSON-able)."""
+    inner = exc.error if isinstance(exc, Permanent) and isinstance(exc.error, BaseException) else exc
+    return {
+        "type": type(inner).__name__,
+        "message": str(inner),
+        "traceback": "".join(traceback.format_exception(exc))[-8000:],
+        **extra,
+    }
+
+
+def _qualname(fn: Callable[..., Any]) -> str:
+    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+
+
+_adapters: dict[Callable[..., Any], TypeAdapter[Any]] = {}
+
+
+def _output_adapter(fn: Callable[..., Any]) -> TypeAdapter[Any]:
+    # Cached per function: building a TypeAdapter compiles a validator, too slow per step.
+    adapter = _adapters.get(fn)
+    if adapter is None:
+        try:
+            ret = typing.get_type_hints(fn).get("return", Any)
+        except Exception:  # noqa: BLE001 - unresolvable hints: treat the result as JSON
+            ret = Any
+        adapter = TypeAdapter(ret)
+        _adapters[fn] = adapter
+    return adapter
+
+
+class RunExecution:
+    """One lease's worth of work on one run.
+
+    Args:
+        db: the database.
+        settings: ceilings and retry timing.
+        run: the claimed ``runs`` row (its ``fence`` is ours; ``updated_at`` is the DB
+            clock at claim time).
+        definition: the pinned workflow definition.
+        journal: the run's ``steps`` rows.
+        worker_id: for step info and logs.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        run: RowMapping,
+        definition: WorkflowDefinition[Any, Any],
+        journal: Sequence[RowMapping],
+        worker_id: str,
+    ) -> None:
+        self.db = db
+        self.settings = settings
+        self.run_id: uuid.UUID = run["run_id"]
+        self.tenant_id: str = run["tenant_id"]
+        self.fence: int = int(run["fence"])
+        self.run = run
+        self.definition = definition
+        self.worker_id = worker_id
+        self.journal: dict[str, Mapping[str, Any]] = {r["step_id"]: r for r in journal}
+        self.journal_by_seq: dict[int, Mapping[str, Any]] = {int(r["seq"]): r for r in journal}
+        self._db_now_at_claim: datetime = run["updated_at"]
+        self._mono_at_claim = time.monotonic()
+        self._active = 0
+        self._suspends: list[float] = []
+        self._ready = asyncio.Event()
+        self.nondeterminism: NondeterminismError | None = None
+        self.failure: Failed | None = None
+
+    def db_now(self) -> datetime:
+        """The database clock, estimated from the claim time plus local monotonic time."""
+        return self._db_now_at_claim + timedelta(seconds=time.monotonic() - self._mono_at_claim)
+
+    async def write(self, fn: Callable[[AsyncConnection], Awaitable[None]]) -> None:
+        """Run ``fn`` in a write transaction that first verifies our fence.
+
+        Raises:
+            LeaseLost: the fence moved; nothing was written.
+        """
+        async with self.db.write() as conn:
+            await runs_q.check_fence(conn, self.run_id, self.fence)
+            await fn(conn)
+
+    async def execute(self) -> Outcome:
+        """Replay and advance the run until it completes, fails or must wait.
+
+        Raises:
+            LeaseLost: a checkpoint found the fence moved; the caller abandons the run.
+        """
+        try:
+            input_value = self.definition.input_model.model_validate_json(self.run["input"])
+        except ValidationError as exc:
+            return Failed(
+                RunReason.FAILURE_NON_RETRYABLE,
+                {"type": "InvalidInput", "message": str(exc), "errors": exc.errors(
+                    include_url=False, include_context=False, include_input=False)},
+            )
+        ctx = ReplayContext(self)
+        body = asyncio.create_task(self._body(ctx, input_value))
+        ready = asyncio.create_task(self._ready.wait())
+        try:
+            await asyncio.wait({body, ready}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            if not body.done():
+                body.cancel()
+            # Wait for the body to unwind so no step coroutine outlives the lease.
+            await asyncio.gather(body, return_exceptions=True)
+        if self.nondeterminism is not None:
+            return Failed(RunReason.FAILURE_NONDETERMINISM, error_info(self.nondeterminism))
+        if self.failure is not None:
+            return self.failure
+        if self._suspends:
+            return Suspended(RunStatus.RETRYING, min(self._suspends))
+        if body.cancelled():
+            raise asyncio.CancelledError()
+        exc = body.exception()
+        if exc is not None:
+            if isinstance(exc, BaseException) and not isinstance(exc, Exception):
+                raise exc  # LeaseLost and friends
+            return self._failure_from(exc)
+        output = body.result()
+        try:
+            payload = self.definition.output_adapter.dump_python(output, mode="json")
+            text = json.dumps_limited(payload, self.settings.max_payload_bytes, "run output")
+        except (PayloadTooLarge, ValueError, TypeError) as err:
+            return Failed(RunReason.FAILURE_NON_RETRYABLE, error_info(err))
+        return Completed(text)
+
+    async def _body(self, ctx: ReplayContext, input_value: Any) -> Any:
+        return await self.definition.fn(ctx, input_value)
+
+    @staticmethod
+    def _failure_from(exc: BaseException) -> Failed:
+        if isinstance(exc, StepFailed):
+            return Failed(RunReason(exc.reason), error_info(exc, step_id=exc.step_id))
+        if isinstance(exc, NondeterminismError):
+            return Failed(RunReason.FAILURE_NONDETERMINISM, error_info(exc))
+        if isinstance(exc, CeilingExceeded):
+            return Failed(RunReason.FAILURE_NON_RETRYABLE, error_info(exc, **exc.data))
+        # An error escaping the body (a Permanent, or a bug) ends the run: replaying the
+        # same code would raise it again. A dead letter lets an operator requeue it later.
+        return Failed(RunReason.FAILURE_NON_RETRYABLE, error_info(exc))
+
+    # --- suspension bookkeeping -------------------------------------------------------
+
+    def _check_ready(self) -> None:
+        if self._suspends and self._active == 0:
+            self._ready.set()
+
+    async def suspend(self, delay: float) -> typing.NoReturn:
+        """Ask to release the run for ``delay`` seconds; never returns.
+
+        The run is released once no other step of this execution is mid-attempt, so
+        parallel branches checkpoint what they are doing first.
+        """
+        self._suspends.append(delay)
+        self._check_ready()
+        # Park this branch; the executor cancels the body once every branch is idle.
+        await asyncio.get_running_loop().create_future()
+        raise AssertionError("unreachable: a suspended branch is only ever cancelled")
+
+    # --- steps ------------------------------------------------------------------------
+
+    async def run_step(
+        self,
+        *,
+        step_id: str,
+        seq: int,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        retry: RetryPolicy,
+        timeout: float | None,
+        entry: Mapping[str, Any] | None,
+    ) -> Any:
+        """Return a journaled result or execute the step's attempts (see ``ctx.step``)."""
+        adapter = _output_adapter(fn)
+        name = _qualname(fn)
+        attempt = 0
+        due: datetime | None = None
+        if entry is not None:
+            status = StepStatus(entry["status"])
+            attempt = int(entry["attempt"])
+            if status == StepStatus.SUCCEEDED:
+                return adapter.validate_python(json.loads(entry["output"]))
+            if status in (StepStatus.FAILED, StepStatus.TIMED_OUT):
+                err = json.loads(entry["error"]) or {}
+                raise StepFailed(
+                    step_id,
+                    str(err.get("reason", RunReason.FAILURE_NON_RETRYABLE)),
+                    str(err.get("type", "Error")),
+                    str(err.get("message", "")),
+                    attempt,
+                )
+            if status == StepStatus.RETRY_WAIT:
+                due = entry["next_attempt_at"]
+            elif status == StepStatus.RUNNING and attempt >= retry.max_attempts:
+                # The worker died during the last allowed attempt: that attempt counts.
+                lost = {"type": "WorkerLost", "message": "worker lost during the last attempt"}
+                await self._finish_step_failed(
+                    step_id, StepStatus.FAILED, RunReason.FAILURE_ATTEMPTS_EXHAUSTED, lost, attempt
+                )
+        elif seq >= self.settings.max_steps_per_run:
+            raise CeilingExceeded(
+                f"run reached TREADLE_MAX_STEPS_PER_RUN={self.settings.max_steps_per_run}",
+                ceiling="max_steps_per_run",
+            )
+
+        while True:
+            if due is not None:
+                remaining = (due - self.db_now()).total_seconds()
+                if remaining > self.settings.inline_retry_max_seconds:
+                    await self.suspend(remaining)
+                if remaining > 0:
+                    await asyncio.sleep(remaining)
+            attempt += 1
+            self._active += 1
+            try:
+                result = await self._attempt(
+                    step_id, seq, name, fn, args, retry, timeout, attempt, adapter
+                )
+            finally:
+                self._active -= 1
+                self._check_ready()
+            if not isinstance(result, _Retry):
+                return result
+            due = self.db_now() + timedelta(seconds=result.delay)
+
+    async def _attempt(
+        self,
+        step_id: str,
+        seq: int,
+        name: str,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        retry: RetryPolicy,
+        timeout: float | None,
+        attempt: int,
+        adapter: TypeAdapter[Any],
+    ) -> Any:
+        async def start(conn: AsyncConnection) -> None:
+            await steps_q.start_attempt(
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                step_id=step_id,
+                seq=seq,
+                kind="step",
+                name=name,
+                attempt=attempt,
+                max_attempts=retry.max_attempts,
+                fence=self.fence,
+            )
+            await events_q.append(
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                kind=EventKind.STEP_STARTED,
+                step_id=step_id,
+                data={"attempt": attempt, "worker_id": self.worker_id},
+            )
+
+        await self.write(start)
+        info = StepInfo(
+            run_id=self.run_id,
+            step_id=step_id,
+            attempt=attempt,
+            idempotency_key=f"{self.run_id}:{step_id}",
+            workflow=self.definition.name,
+        )
+        token = _current_step.set(info)
+        try:
+            if inspect.iscoroutinefunction(fn):
+                call: Awaitable[Any] = fn(*args)
+            else:
+                call = asyncio.to_thread(fn, *args)
+            value = await asyncio.wait_for(call, timeout) if timeout else await call
+        except Permanent as exc:
+            await self._finish_step_failed(
+                step_id, StepStatus.FAILED, RunReason.FAILURE_NON_RETRYABLE, error_info(exc),
+                attempt,
+            )
+        except TimeoutError as exc:
+            return await self._after_error(step_id, retry, attempt, exc, timed_out=timeout)
+        except Exception as exc:  # noqa: BLE001 - any other error is retryable by contract
+            return await self._after_error(step_id, retry, attempt, exc, timed_out=None)
+        finally:
+            _current_step.reset(token)
+
+        try:
+            payload = adapter.dump_python(value, mode="json")
+            text = json.dumps_limited(payload, self.settings.max_payload_bytes, "step output")
+        except (PayloadTooLarge, ValueError, TypeError) as exc:
+            await self._finish_step_failed(
+                step_id, StepStatus.FAILED, RunReason.FAILURE_NON_RETRYABLE, error_info(exc),
+                attempt,
+            )
+
+        async def succeed(conn: AsyncConnection) -> None:
+            await steps_q.finish_attempt(
+                conn,
+                run_id=self.run_id,
+                step_id=step_id,
+                status=StepStatus.SUCCEEDED,
+                output=text,
+                error=None,
+                fence=self.fence,
+            )
+            await events_q.append(
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                kind=EventKind.STEP_SUCCEEDED,
+                step_id=step_id,
+                data={"attempt": attempt},
+            )
+
+        await self.write(succeed)
+        # Return what a replay would return, so both paths behave identically.
+        return adapter.validate_python(json.loads(text))
+
+    async def _after_error(
+        self,
+        step_id: str,
+        retry: RetryPolicy,
+        attempt: int,
+        exc: BaseException,
+        *,
+        timed_out: float | None,
+    ) -> _Retry:
+        info = error_info(exc)
+        if timed_out is not None:
+            info["type"] = "StepTimeout"
+            info["message"] = f"attempt {attempt} exceeded its timeout of {timed_out} s"
+        if attempt >= retry.max_attempts:
+            if timed_out is not None:
+                await self._finish_step_failed(
+                    step_id, StepStatus.TIMED_OUT, RunReason.FAILURE_TIMED_OUT, info, attempt
+                )
+            await self._finish_step_failed(
+                step_id, StepStatus.FAILED, RunReason.FAILURE_ATTEMPTS_EXHAUSTED, info, attempt
+            )
+        delay = retry.delay_after(attempt, f"{self.run_id}:{step_id}")
+        info["retry_in_seconds"] = delay
+
+        async def schedule(conn: AsyncConnection) -> None:
+            await steps_q.finish_attempt(
+                conn,
+                run_id=self.run_id,
+                step_id=step_id,
+                status=StepStatus.RETRY_WAIT,
+                output=None,
+                error=json.dumps(info),
+                fence=self.fence,
+                retry_in=delay,
+            )
+            await events_q.append(
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                kind=(
+                    EventKind.STEP_TIMED_OUT if timed_out is not None
+                    else EventKind.STEP_RETRY_SCHEDULED
+                ),
+                step_id=step_id,
+                data={
+                    "attempt": attempt,
+                    "error_type": info["type"],
+                    "message": info["message"][:500],
+                    "retry_in_seconds": delay,
+                },
+            )
+
+        await self.write(schedule)
+        return _Retry(delay)
+
+    async def _finish_step_failed(
+        self,
+        step_id: str,
+        status: StepStatus,
+        reason: RunReason,
+        info: dict[str, Any],
+        attempt: int,
+    ) -> typing.NoReturn:
+        info = {**info, "reason": reason.value, "attempts": attempt}
+
+        async def fail(conn: AsyncConnection) -> None:
+            await steps_q.finish_attempt(
+                conn,
+                run_id=self.run_id,
+                step_id=step_id,
+                status=status,
+                output=None,
+                error=json.dumps(info),
+                fence=self.fence,
+            )
+            await events_q.append(
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                kind=EventKind.STEP_FAILED,
+                step_id=step_id,
+                data={
+                    "attempt": attempt,
+                    "reason": reason.value,
+                    "error_type": info["type"],
+                    "message": str(info["message"])[:500],
+                },
+            )
+
+        await self.write(fail)
+        raise StepFailed(step_id, reason.value, str(info["type"]), str(info["message"]), attempt)
+
+
+@dataclass(frozen=True, slots=True)
+class _Retry:
+    delay: float
+
+
+class ReplayContext(WorkflowContext):
+    """The :class:`WorkflowContext` handed to workflow bodies by :class:`RunExecution`."""
+
+    def __init__(self, execution: RunExecution) -> None:
+        self._exec = execution
+        self.run_id = execution.run_id
+        self.workflow = execution.definition.name
+        self._seq = 0
+        self._names: dict[str, int] = {}
+
+    def step(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> Coroutine[Any, Any, Any]:
+        """See :meth:`app.sdk.context.WorkflowContext.step`."""
+        if timeout is not None and timeout <= 0:
+            raise ValueError("step timeout must be > 0 seconds")
+        # Assigned synchronously, at call time: call order, never completion order.
+        seq = self._seq
+        self._seq += 1
+        base = name or _qualname(fn)
+        count = self._names.get(base, 0) + 1
+        self._names[base] = count
+        step_id = base if count == 1 else f"{base}#{count}"
+        entry = self._exec.journal.get(step_id)
+        at_seq = self._exec.journal_by_seq.get(seq)
+        fn_name = _qualname(fn)
+        mismatch: str | None = None
+        if at_seq is not None and at_seq["step_id"] != step_id:
+            mismatch = (
+                f"replay reached step {step_id!r} at position {seq}, but the journal recorded "
+                f"{at_seq['step_id']!r} there"
+            )
+        elif entry is not None and entry["name"] != fn_name:
+            mismatch = (
+                f"step {step_id!r} now calls {fn_name!r}, but the journal recorded "
+                f"{entry['name']!r}"
+            )
+        if mismatch is not None:
+            err = NondeterminismError(mismatch)
+            self._exec.nondeterminism = err
+            return _raise(err)
+        return self._exec.run_step(
+            step_id=step_id,
+            seq=seq,
+            fn=fn,
+            args=args,
+            retry=retry or DEFAULT_RETRY,
+            timeout=timeout,
+            entry=entry,
+        )
+
+
+async def _raise(exc: BaseException) -> Any:
+    raise exc

@@ -1,0 +1,200 @@
+"""Submitting runs: definition lookup, input validation, idempotency, wake-up."""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import jsonschema
+from sqlalchemy import RowMapping, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core import json
+from app.core.errors import IdempotencyConflict, InvalidInput, WorkflowNotFound
+from app.core.ids import new_run_id
+from app.core.settings import Settings
+from app.core.status import EventKind, RunStatus
+from app.db.database import Database
+from app.db.queries import definitions as defs_q
+from app.db.queries import events as events_q
+from app.db.queries import runs as runs_q
+
+NOTIFY_CHANNEL = "treadle_runs"
+
+
+@dataclass(frozen=True, slots=True)
+class SubmitRequest:
+    """A validated-shape submission (types already checked by the API layer).
+
+    Attributes:
+        workflow: workflow name.
+        input: the JSON input (any JSON value; usually an object).
+        version: pinned version, or None for the latest registered one.
+        idempotency_key: retries with the same key return the same run.
+        concurrency_key: stored for queue controls.
+        delay: seconds before the run becomes claimable (DB time).
+    """
+
+    workflow: str
+    input: Any
+    version: str | None = None
+    idempotency_key: str | None = None
+    concurrency_key: str | None = None
+    delay: float | None = None
+
+    def fingerprint(self) -> str:
+        """SHA-256 of the request as given; an idempotent retry must match it exactly."""
+        body = json.dumps(
+            {
+                "workflow": self.workflow,
+                "version": self.version,
+                "input": self.input,
+                "concurrency_key": self.concurrency_key,
+                "delay": self.delay,
+            }
+        )
+        return hashlib.sha256(body.encode()).hexdigest()
+
+
+@dataclass(frozen=True, slots=True)
+class _Definition:
+    version: str
+    validator: jsonschema.protocols.Validator
+
+
+def _version_order(row: RowMapping) -> tuple[int, int, str]:
+    version = str(row["version"])
+    # Numeric versions compare as numbers ("10" > "9"); others by registration time.
+    if version.isdigit():
+        return (1, int(version), "")
+    return (0, 0, row["first_registered_at"].isoformat())
+
+
+class Submitter:
+    """Submits runs; caches compiled input validators per definition.
+
+    Args:
+        db: the database.
+        settings: payload ceiling.
+        cache_seconds: how long a definition lookup is reused (new versions registered
+            by workers become the default within this time).
+    """
+
+    def __init__(self, db: Database, settings: Settings, cache_seconds: float = 2.0) -> None:
+        self.db = db
+        self.settings = settings
+        self.cache_seconds = cache_seconds
+        self._cache: dict[tuple[str, str | None], tuple[float, _Definition]] = {}
+        self._validators: dict[str, jsonschema.protocols.Validator] = {}
+
+    async def _definition(self, workflow: str, version: str | None) -> _Definition:
+        key = (workflow, version)
+        hit = self._cache.get(key)
+        if hit is not None and hit[0] > time.monotonic():
+            return hit[1]
+        async with self.db.read() as conn:
+            rows = await defs_q.get_definitions(conn, workflow)
+        if not rows:
+            raise WorkflowNotFound(
+                f"no worker has registered workflow {workflow!r}", workflow=workflow
+            )
+        if version is None:
+            row = max(rows, key=_version_order)
+        else:
+            matches = [r for r in rows if r["version"] == version]
+            if not matches:
+                raise WorkflowNotFound(
+                    f"workflow {workflow!r} has no registered version {version!r}",
+                    workflow=workflow,
+                    version=version,
+                    registered_versions=sorted(r["version"] for r in rows),
+                )
+            row = matches[0]
+        schema_text = row["input_schema"]
+        validator = self._validators.get(schema_text)
+        if validator is None:
+            schema = json.loads(schema_text)
+            cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+            validator = cls(schema)
+            self._validators[schema_text] = validator
+        found = _Definition(version=str(row["version"]), validator=validator)
+        self._cache[key] = (time.monotonic() + self.cache_seconds, found)
+        return found
+
+    async def submit(
+        self, request: SubmitRequest, *, tenant_id: str, subject: str
+    ) -> tuple[RowMapping, bool]:
+        """Create a run, or return the existing one for an identical idempotent retry.
+
+        Returns:
+            ``(run row, created)``: created is False for an idempotent replay.
+
+        Raises:
+            WorkflowNotFound: unknown workflow or version (404).
+            InvalidInput: input fails the registered JSON Schema (422, with field paths).
+            PayloadTooLarge: encoded input over ``TREADLE_MAX_PAYLOAD_BYTES`` (413).
+            IdempotencyConflict: the key was used for a different request (409).
+        """
+        input_text = json.dumps_limited(request.input, self.settings.max_payload_bytes, "input")
+        definition = await self._definition(request.workflow, request.version)
+        errors = sorted(definition.validator.iter_errors(request.input), key=lambda e: list(e.path))
+        if errors:
+            raise InvalidInput(
+                f"input is not valid for workflow {request.workflow!r} version "
+                f"{definition.version!r}",
+                errors=[
+                    {"path": ".".join(str(p) for p in e.absolute_path) or "$",
+                     "message": e.message[:500]}
+                    for e in errors[:20]
+                ],
+            )
+        fingerprint = request.fingerprint()
+        async with self.db.write() as conn:
+            row = await runs_q.insert_run(
+                conn,
+                {
+                    "run_id": new_run_id(),
+                    "tenant_id": tenant_id,
+                    "workflow": request.workflow,
+                    "version": definition.version,
+                    "status": RunStatus.QUEUED.value,
+                    "input": input_text,
+                    "idempotency_key": request.idempotency_key,
+                    "request_hash": fingerprint,
+                    "concurrency_key": request.concurrency_key,
+                    "created_by": subject,
+                    "delay": request.delay,
+                },
+            )
+            if row is not None:
+                await events_q.append(
+                    conn,
+                    run_id=row["run_id"],
+                    tenant_id=tenant_id,
+                    kind=EventKind.RUN_SUBMITTED,
+                    actor=subject,
+                    data={"workflow": request.workflow, "version": definition.version},
+                )
+                await notify(conn)
+                return row, True
+            assert request.idempotency_key is not None
+            existing = await runs_q.get_by_idempotency_key(
+                conn, tenant_id, request.idempotency_key
+            )
+        if existing is None:  # pragma: no cover - the conflicting row cannot vanish
+            raise IdempotencyConflict("idempotency key conflict; retry the request")
+        if existing["request_hash"] != fingerprint:
+            raise IdempotencyConflict(
+                f"idempotency key {request.idempotency_key!r} was already used for a "
+                "different request (workflow, version, input or options differ)",
+                run_id=str(existing["run_id"]),
+            )
+        return existing, False
+
+
+async def notify(conn: AsyncConnection) -> None:
+    """Wake listening workers when this transaction commits (PostgreSQL NOTIFY)."""
+    if conn.dialect.name == "postgresql":
+        await conn.execute(text("SELECT pg_notify(:c, '')"), {"c": NOTIFY_CHANNEL})

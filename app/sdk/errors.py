@@ -1,0 +1,63 @@
+"""Errors that handler code raises or catches.
+
+Taxonomy (after Temporal's): an exception raised by a step is *retryable* unless it is a
+:class:`Permanent`; when a step gives up, the workflow sees :class:`StepFailed`.
+"""
+
+from __future__ import annotations
+
+
+class Permanent(Exception):  # noqa: N818 - the name is the public contract (DESIGN §1)
+    """Raise from a step (or a workflow body) to stop retrying at once.
+
+    Args:
+        error: the underlying exception or a message.
+
+    Example: ``raise Permanent(CardDeclined("insufficient funds"))``.
+    """
+
+    def __init__(self, error: BaseException | str) -> None:
+        self.error = error
+        message = error if isinstance(error, str) else f"{type(error).__name__}: {error}"
+        super().__init__(message)
+
+    @property
+    def error_type(self) -> str:
+        """The wrapped error's class name (``"Permanent"`` for a plain message)."""
+        return "Permanent" if isinstance(self.error, str) else type(self.error).__name__
+
+
+NonRetryable = Permanent
+"""Alias of :class:`Permanent`."""
+
+
+class StepFailed(Exception):  # noqa: N818 - mirrors Temporal's ActivityError naming intent
+    """A step gave up: raised inside the workflow at the ``await ctx.step(...)``.
+
+    Attributes:
+        step_id: the journaled step id.
+        reason: ``failure_non_retryable``, ``failure_attempts_exhausted`` or
+            ``failure_timed_out``; becomes the run's reason if the workflow lets it escape.
+        error_type: class name of the last error.
+        message: its message.
+        attempts: how many attempts were made.
+    """
+
+    def __init__(
+        self, step_id: str, reason: str, error_type: str, message: str, attempts: int
+    ) -> None:
+        super().__init__(f"step {step_id!r} failed ({reason}) after {attempts} attempt(s): "
+                         f"{error_type}: {message}")
+        self.step_id = step_id
+        self.reason = reason
+        self.error_type = error_type
+        self.message = message
+        self.attempts = attempts
+
+
+class NondeterminismError(Exception):
+    """Replay reached a different step than the journal recorded (run fails, never retried)."""
+
+
+class TransientError(Exception):
+    """Convenience base for errors a step wants retried (any non-Permanent error is)."""

@@ -1,0 +1,354 @@
+"""The worker process: claim loop, heartbeat, LISTEN wake-ups, graceful drain.
+
+One composition root, :func:`run_worker`. A worker registers its definitions, then loops:
+claim due runs (``FOR UPDATE SKIP LOCKED``), execute each in its own task under a lease,
+renew all its leases with one heartbeat statement, and on SIGTERM stop claiming, let
+in-flight runs finish within the grace period and release the rest at once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import socket
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any
+
+import structlog
+from sqlalchemy import RowMapping
+from sqlalchemy.engine import make_url
+
+from app.core import json
+from app.core.errors import LeaseLost
+from app.core.settings import Settings
+from app.core.status import EventKind, RunStatus
+from app.db.database import Database
+from app.db.migrations import check_schema
+from app.db.queries import dead_letters as dl_q
+from app.db.queries import definitions as defs_q
+from app.db.queries import events as events_q
+from app.db.queries import runs as runs_q
+from app.db.queries import steps as steps_q
+from app.engine.executor import Completed, Failed, Outcome, RunExecution, Suspended
+from app.engine.registry import Registry
+from app.engine.submit import NOTIFY_CHANNEL
+
+log = structlog.get_logger("treadle.worker")
+
+
+@dataclass
+class _Active:
+    task: asyncio.Task[None]
+    fence: int
+    finalizing: bool = False
+    lost: bool = False
+
+
+@dataclass
+class WorkerStats:
+    """Counters for tests and logs (metrics arrive with the operations issue)."""
+
+    claimed: int = 0
+    completed: int = 0
+    failed: int = 0
+    suspended: int = 0
+    lease_lost: int = 0
+    released: int = 0
+    extra: dict[str, int] = field(default_factory=dict)
+
+
+class Worker:
+    """Executes runs of the registered definitions.
+
+    Args:
+        settings: lease TTL, heartbeat, poll interval, concurrency, grace period.
+        db: the database (shared with an in-process API in ``treadle dev``).
+        registry: definitions this worker can run.
+        concurrency: runs executed at once (default ``TREADLE_WORKER_CONCURRENCY``).
+        worker_id: stable id for leases (default ``<host>:<pid>:<random>``).
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        db: Database,
+        registry: Registry,
+        *,
+        concurrency: int | None = None,
+        worker_id: str | None = None,
+    ) -> None:
+        self.settings = settings
+        self.db = db
+        self.registry = registry
+        self.concurrency = concurrency or settings.worker_concurrency
+        self.worker_id = worker_id or (
+            f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        )
+        self.stats = WorkerStats()
+        self._active: dict[uuid.UUID, _Active] = {}
+        self._wake = asyncio.Event()
+        self._stopping = asyncio.Event()
+        self._last_heartbeat_ok = time.monotonic()
+        self.log = log.bind(worker_id=self.worker_id)
+
+    def wake(self) -> None:
+        """Ask the claim loop to look for work now (NOTIFY, a freed slot, in-process submit)."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        """Begin a graceful drain (what SIGTERM does)."""
+        self._stopping.set()
+        self._wake.set()
+
+    async def register(self) -> None:
+        """Upsert definitions and this worker's row."""
+        async with self.db.write() as conn:
+            await self.registry.register(conn)
+            await defs_q.upsert_worker(
+                conn,
+                worker_id=self.worker_id,
+                hostname=socket.gethostname(),
+                pid=os.getpid(),
+                concurrency=self.concurrency,
+                definitions=json.dumps([f"{n}@{v}" for n, v in self.registry.keys]),
+            )
+
+    async def run(self) -> None:
+        """Register, then claim and execute until :meth:`stop`; then drain."""
+        await self.register()
+        self.log.info("worker started", definitions=len(self.registry), concurrency=self.concurrency)
+        helpers = [asyncio.create_task(self._heartbeat_loop())]
+        if self.db.dialect == "postgresql":
+            helpers.append(asyncio.create_task(self._listen_loop()))
+        try:
+            await self._claim_loop()
+        finally:
+            await self._drain()
+            for h in helpers:
+                h.cancel()
+            await asyncio.gather(*helpers, return_exceptions=True)
+            with contextlib.suppress(Exception):
+                async with self.db.write() as conn:
+                    await defs_q.stop_worker(conn, self.worker_id)
+            self.log.info("worker stopped", **vars(self.stats))
+
+    # --- claiming --------------------------------------------------------------------
+
+    async def _claim_loop(self) -> None:
+        keys = self.registry.keys
+        while not self._stopping.is_set():
+            free = self.concurrency - len(self._active)
+            rows: list[RowMapping] = []
+            self._wake.clear()
+            if free > 0:
+                try:
+                    async with self.db.write() as conn:
+                        rows = list(
+                            await runs_q.claim_runs(
+                                conn,
+                                worker_id=self.worker_id,
+                                definition_keys=keys,
+                                limit=free,
+                                lease_ttl=self.settings.lease_ttl_seconds,
+                            )
+                        )
+                except Exception as exc:  # noqa: BLE001 - DB down: keep polling, never die
+                    self.log.warning("claim failed", error=str(exc)[:300])
+                for row in rows:
+                    self._start(row)
+                if rows:
+                    continue  # more due work may be right behind these
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval_seconds)
+
+    def _start(self, row: RowMapping) -> None:
+        run_id: uuid.UUID = row["run_id"]
+        self.stats.claimed += 1
+        task = asyncio.create_task(self._execute(row), name=f"run-{run_id}")
+        self._active[run_id] = _Active(task=task, fence=int(row["fence"]))
+
+    async def _execute(self, row: RowMapping) -> None:
+        run_id: uuid.UUID = row["run_id"]
+        fence = int(row["fence"])
+        rlog = self.log.bind(run_id=str(run_id), workflow=row["workflow"])
+        try:
+            definition = self.registry.get(row["workflow"], row["version"])
+            if definition is None:  # pragma: no cover - the claim filters on registered keys
+                return
+            async with self.db.read() as conn:
+                journal = await steps_q.load_journal(conn, run_id)
+            execution = RunExecution(self.db, self.settings, row, definition, journal, self.worker_id)
+            outcome = await execution.execute()
+            active = self._active.get(run_id)
+            if active is not None:
+                active.finalizing = True
+            # Shielded: once decided, the outcome is written even if we are asked to stop.
+            await asyncio.shield(self._finalize(row, fence, outcome))
+        except LeaseLost:
+            self.stats.lease_lost += 1
+            rlog.warning("lease lost; abandoning run")
+        except asyncio.CancelledError:
+            active = self._active.get(run_id)
+            if active is not None and active.lost:
+                self.stats.lease_lost += 1
+                rlog.warning("lease lost; execution stopped")
+            else:
+                await asyncio.shield(self._release(run_id, fence))
+        except Exception:
+            # An engine bug must not kill the worker; the lease expires and another
+            # worker retries the run.
+            rlog.exception("execution crashed")
+        finally:
+            self._active.pop(run_id, None)
+            self._wake.set()
+
+    async def _finalize(self, row: RowMapping, fence: int, outcome: Outcome) -> None:
+        run_id: uuid.UUID = row["run_id"]
+        tenant_id: str = row["tenant_id"]
+        async with self.db.write() as conn:
+            if isinstance(outcome, Completed):
+                await runs_q.finish_run(
+                    conn, run_id=run_id, fence=fence, status=RunStatus.COMPLETED,
+                    reason="succeeded", output=outcome.output, error=None,
+                )
+                await events_q.append(
+                    conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_COMPLETED
+                )
+                self.stats.completed += 1
+            elif isinstance(outcome, Failed):
+                error_text = json.dumps(outcome.error)
+                await runs_q.finish_run(
+                    conn, run_id=run_id, fence=fence, status=RunStatus.FAILED,
+                    reason=outcome.reason.value, output=None, error=error_text,
+                )
+                dl_id = await dl_q.insert_dead_letter(
+                    conn, run_id=run_id, tenant_id=tenant_id, workflow=row["workflow"],
+                    reason=outcome.reason.value, error=error_text,
+                )
+                await events_q.append(
+                    conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_FAILED,
+                    data={"reason": outcome.reason.value, "error_type": outcome.error.get("type"),
+                          "message": str(outcome.error.get("message", ""))[:500]},
+                )
+                await events_q.append(
+                    conn, run_id=run_id, tenant_id=tenant_id,
+                    kind=EventKind.DEAD_LETTER_WRITTEN, data={"dead_letter_id": str(dl_id)},
+                )
+                self.stats.failed += 1
+            elif isinstance(outcome, Suspended):
+                await runs_q.release_run(
+                    conn, run_id=run_id, fence=fence, status=outcome.status, delay=outcome.delay,
+                )
+                await events_q.append(
+                    conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_RELEASED,
+                    data={"status": outcome.status.value, "resume_in_seconds": outcome.delay},
+                )
+                self.stats.suspended += 1
+
+    async def _release(self, run_id: uuid.UUID, fence: int) -> None:
+        """Give a run back at once (drain): another worker may claim it immediately."""
+        try:
+            async with self.db.write() as conn:
+                await steps_q.reset_interrupted(conn, run_id)
+                await runs_q.release_run(
+                    conn, run_id=run_id, fence=fence, status=RunStatus.QUEUED, delay=0.0
+                )
+            self.stats.released += 1
+        except LeaseLost:
+            pass
+        except Exception as exc:  # noqa: BLE001 - the lease will expire instead
+            self.log.warning("release failed", run_id=str(run_id), error=str(exc)[:300])
+
+    # --- leases ----------------------------------------------------------------------
+
+    async def _heartbeat_loop(self) -> None:
+        interval = self.settings.heartbeat_interval_seconds
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                async with self.db.write() as conn:
+                    held = await runs_q.renew_leases(
+                        conn, worker_id=self.worker_id, lease_ttl=self.settings.lease_ttl_seconds
+                    )
+                    await defs_q.touch_worker(conn, self.worker_id)
+            except Exception as exc:  # noqa: BLE001 - keep trying; leases may expire
+                self.log.warning("heartbeat failed", error=str(exc)[:300])
+                if time.monotonic() - self._last_heartbeat_ok > self.settings.lease_ttl_seconds:
+                    # Our leases have expired by now: stop work others may have taken.
+                    for active in list(self._active.values()):
+                        self._lose(active)
+                continue
+            self._last_heartbeat_ok = time.monotonic()
+            for run_id, active in list(self._active.items()):
+                if held.get(run_id) != active.fence:
+                    self._lose(active)
+
+    def _lose(self, active: _Active) -> None:
+        if active.finalizing or active.task.done():
+            return
+        active.lost = True
+        active.task.cancel()
+
+    async def _listen_loop(self) -> None:
+        """LISTEN for submissions on PostgreSQL; polling covers any gap."""
+        import asyncpg
+
+        dsn = make_url(self.db.url).set(drivername="postgresql").render_as_string(
+            hide_password=False
+        )
+        while True:
+            conn: Any = None
+            try:
+                conn = await asyncpg.connect(dsn)
+                await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake.set())
+                self._wake.set()  # catch anything submitted while we were not listening
+                while not conn.is_closed():
+                    await asyncio.sleep(self.settings.heartbeat_interval_seconds)
+                    await conn.execute("SELECT 1")
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reconnect after a pause
+                self.log.warning("listen connection lost", error=str(exc)[:300])
+                await asyncio.sleep(self.settings.poll_interval_seconds)
+            finally:
+                if conn is not None:
+                    with contextlib.suppress(Exception):
+                        await conn.close()
+
+    # --- shutdown --------------------------------------------------------------------
+
+    async def _drain(self) -> None:
+        if not self._active:
+            return
+        grace = self.settings.drain_grace_seconds
+        self.log.info("draining", in_flight=len(self._active), grace_seconds=grace)
+        tasks = [a.task for a in self._active.values()]
+        _done, pending = await asyncio.wait(tasks, timeout=grace) if grace > 0 else (set(), set(tasks))
+        for task in pending:
+            task.cancel()  # each cancelled execution releases its own lease
+        if pending:
+            await asyncio.gather(*pending, return_exceptions=True)
+
+
+async def run_worker(settings: Settings, handler_modules: list[str], concurrency: int | None = None) -> None:
+    """Composition root of ``treadle worker``: build everything, run until SIGTERM/SIGINT.
+
+    Raises:
+        SchemaVersionMismatch: the database is not migrated to this code's head.
+        ImportError / ValueError: a handler module is missing or defines no workflow.
+    """
+    registry = Registry.from_modules(handler_modules)
+    db = Database(settings)
+    try:
+        await check_schema(db)
+        worker = Worker(settings, db, registry, concurrency=concurrency)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, worker.stop)
+        await worker.run()
+    finally:
+        await db.dispose()
