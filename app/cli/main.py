@@ -233,3 +233,5 @@ def runs_result(
 def main() -> None:
     """Console-script entry point."""
     app()
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,147 @@
+"""Real processes: ``treadle serve`` under uvicorn and ``treadle worker`` subprocesses.
+
+Tests talk to the API over real HTTP (httpx) and kill workers with real signals.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+
+from app.auth.dev import DevTokens
+from app.auth.principal import ALL_SCOPES
+from tests.conftest import DEV_SECRET
+from tests.helpers import wait_for_sync
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    """An unused TCP port on 127.0.0.1."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def token(tenant: str = "acme", subject: str = "alice", scopes: object = ALL_SCOPES) -> str:
+    """A dev token signed with the test secret."""
+    return DevTokens(DEV_SECRET).mint(tenant_id=tenant, subject=subject, scopes=scopes)  # type: ignore[arg-type]
+
+
+@dataclass
+class Stack:
+    """An API process plus worker processes on one database."""
+
+    database_url: str
+    tmp: Path
+    env: dict[str, str]
+    url: str = ""
+    api: subprocess.Popen[bytes] | None = None
+    workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
+    logs: list[Path] = field(default_factory=list)
+
+    def _spawn(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
+        log = self.tmp / f"{name}-{len(self.logs)}.log"
+        self.logs.append(log)
+        with log.open("wb") as out:
+            return subprocess.Popen(
+                [sys.executable, "-m", "app.cli.main", *args],
+                cwd=ROOT,
+                env=self.env,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+
+    def start_api(self) -> None:
+        port = free_port()
+        self.url = f"http://127.0.0.1:{port}"
+        self.api = self._spawn(["serve", "--port", str(port)], "api")
+
+        def ready() -> bool:
+            assert self.api is not None
+            if self.api.poll() is not None:
+                raise AssertionError(f"API exited: {self.logs[-1].read_text()[-3000:]}")
+            try:
+                return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
+            except httpx.HTTPError:
+                return False
+
+        wait_for_sync(ready, timeout=30, what="API ready")
+
+    def start_worker(self, handlers: str = "tests.acceptance.handlers", concurrency: int = 8) -> subprocess.Popen[bytes]:
+        proc = self._spawn(
+            ["worker", "--handlers", handlers, "--concurrency", str(concurrency)], "worker"
+        )
+        self.workers.append(proc)
+
+        def registered() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"worker exited: {self.logs[-1].read_text()[-3000:]}")
+            with self.client() as c:
+                items = c.get("/workflows").json()["items"]
+            live = {w for wf in items for v in wf["versions"] for w in v["live_workers"]}
+            return any(f":{proc.pid}:" in w for w in live)
+
+        wait_for_sync(registered, timeout=30, what=f"worker {proc.pid} registered")
+        return proc
+
+    def client(self, tok: str | None = None) -> httpx.Client:
+        return httpx.Client(
+            base_url=self.url,
+            headers={"Authorization": f"Bearer {tok or token()}"},
+            timeout=60,
+        )
+
+    def stop(self) -> None:
+        procs = [*self.workers, *([self.api] if self.api else [])]
+        for p in procs:
+            if p.poll() is None:
+                p.send_signal(signal.SIGTERM)
+        for p in procs:
+            try:
+                p.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+@pytest.fixture
+def stack_env(database_url: str, tmp_path: Path) -> dict[str, str]:
+    """Environment for the stack's processes (short leases for fast recovery)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TREADLE_")}
+    env.update(
+        {
+            "TREADLE_DATABASE_URL": database_url,
+            "TREADLE_DEV_SECRET": DEV_SECRET,
+            "TREADLE_DATA_DIR": str(tmp_path / "data"),
+            "TREADLE_LEASE_TTL_SECONDS": "3",
+            "TREADLE_HEARTBEAT_INTERVAL_SECONDS": "0.5",
+            "TREADLE_POLL_INTERVAL_SECONDS": "0.1",
+            "TREADLE_DRAIN_GRACE_SECONDS": "5",
+            "TREADLE_LOG_FORMAT": "json",
+            "TREADLE_TEST_DIR": str(tmp_path / "shared"),
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    (tmp_path / "shared").mkdir()
+    return env
+
+
+@pytest.fixture
+def stack(database_url: str, tmp_path: Path, stack_env: dict[str, str]) -> Iterator[Stack]:
+    """A running API (no workers yet) on this test's database."""
+    s = Stack(database_url=database_url, tmp=tmp_path, env=stack_env)
+    s.start_api()
+    try:
+        yield s
+    finally:
+        s.stop()

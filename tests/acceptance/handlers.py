@@ -1,0 +1,65 @@
+"""Throwaway workflows for the acceptance tests (imported by worker subprocesses).
+
+Steps coordinate with the test through files in ``$TREADLE_TEST_DIR`` so a test can hold
+a step mid-flight, kill its worker, and count how often a step body completed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from pathlib import Path
+
+from pydantic import BaseModel
+
+from app.sdk import RetryPolicy, WorkflowContext, current_step, workflow
+
+
+def _dir() -> Path:
+    return Path(os.environ["TREADLE_TEST_DIR"])
+
+
+class Job(BaseModel):
+    """Input: a job name used for coordination files."""
+
+    name: str
+
+
+async def hold(name: str) -> str:
+    """Mark this attempt started, wait for ``<name>.release``, record completion."""
+    info = current_step()
+    (_dir() / f"{name}.started.{info.attempt}.{os.getpid()}").touch()
+    while not (_dir() / f"{name}.release").exists():
+        await asyncio.sleep(0.02)
+    with (_dir() / f"{name}.completed").open("a") as fh:
+        fh.write(f"{os.getpid()}\n")
+    return f"pid-{os.getpid()}-attempt-{info.attempt}"
+
+
+def finish(previous: str) -> str:
+    """A second step after the held one."""
+    return previous + "+finished"
+
+
+@workflow("acc-hold")
+async def hold_flow(ctx: WorkflowContext, job: Job) -> str:
+    """One held step, then one quick step."""
+    first = await ctx.step(hold, job.name, retry=RetryPolicy(max_attempts=5, delay=0.05))
+    return await ctx.step(finish, first)
+
+
+def echo_value(value: object) -> object:
+    """Return the value unchanged (round-trip check)."""
+    return value
+
+
+class Payload(BaseModel):
+    """Arbitrary JSON to echo."""
+
+    value: object = None
+
+
+@workflow("acc-echo")
+async def echo_flow(ctx: WorkflowContext, payload: Payload) -> object:
+    """Echo the input through a journaled step."""
+    return await ctx.step(echo_value, payload.value)

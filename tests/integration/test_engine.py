@@ -1,0 +1,277 @@
+"""Engine end to end on both databases: submit → in-process worker → terminal state."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import func, select
+
+from app.core.settings import Settings
+from app.db.database import Database
+from app.db.queries import runs as runs_q
+from app.db.tables import dead_letters, steps
+from app.engine import control
+from app.engine.registry import Registry
+from app.engine.submit import SubmitRequest, Submitter
+from app.sdk import Permanent, RetryPolicy, WorkflowContext, current_step, workflow
+from app.worker.worker import Worker
+from tests.helpers import wait_for
+
+TENANT = "acme"
+
+
+class Numbers(BaseModel):
+    a: int
+    b: int
+
+
+calls: dict[str, int] = {}
+
+
+def count(name: str) -> int:
+    calls[name] = calls.get(name, 0) + 1
+    return calls[name]
+
+
+def add(a: int, b: int) -> int:
+    count("add")
+    return a + b
+
+
+async def double(x: int) -> int:
+    count("double")
+    return 2 * x
+
+
+@workflow("it-sum")
+async def sum_flow(ctx: WorkflowContext, n: Numbers) -> dict[str, int]:
+    total = await ctx.step(add, n.a, n.b)
+    doubled = await ctx.step(double, total)
+    return {"total": total, "doubled": doubled}
+
+
+def flaky(key: str) -> str:
+    # Fails on attempts 1 and 2, succeeds on 3.
+    attempt = current_step().attempt
+    count(key)
+    if attempt < 3:
+        raise ConnectionError(f"transient failure {attempt}")
+    return f"ok after {attempt}"
+
+
+@workflow("it-retry")
+async def retry_flow(ctx: WorkflowContext, n: Numbers) -> str:
+    policy = RetryPolicy(max_attempts=n.a, backoff="fixed", delay=0.01)
+    return await ctx.step(flaky, f"retry-{n.b}", retry=policy)
+
+
+def declined() -> None:
+    count("declined")
+    raise Permanent(ValueError("card declined"))
+
+
+@workflow("it-permanent")
+async def permanent_flow(ctx: WorkflowContext, n: Numbers) -> None:
+    await ctx.step(declined, retry=RetryPolicy(max_attempts=5, delay=0.01))
+
+
+started = asyncio.Event
+gates: dict[str, asyncio.Event] = {}
+
+
+async def slow(key: str) -> str:
+    gates[key + ":started"].set()
+    await gates[key + ":release"].wait()
+    return "done"
+
+
+@workflow("it-slow")
+async def slow_flow(ctx: WorkflowContext, n: Numbers) -> str:
+    return await ctx.step(slow, f"slow-{n.a}-{n.b}")
+
+
+async def branch(label: str, key: str) -> str:
+    # Both branches must be in flight at once: each waits for the other to start.
+    gates[f"{key}:{label}"].set()
+    other = "right" if label == "left" else "left"
+    await asyncio.wait_for(gates[f"{key}:{other}"].wait(), 10)
+    return label
+
+
+@workflow("it-parallel")
+async def parallel_flow(ctx: WorkflowContext, n: Numbers) -> list[str]:
+    key = f"par-{n.a}-{n.b}"
+    results = await asyncio.gather(
+        ctx.step(branch, "left", key, name="left"), ctx.step(branch, "right", key, name="right")
+    )
+    return list(results)
+
+
+@workflow("it-timeout")
+async def timeout_flow(ctx: WorkflowContext, n: Numbers) -> None:
+    await ctx.step(asyncio.sleep, 5, timeout=0.05, retry=RetryPolicy(max_attempts=2, delay=0.01))
+
+
+REGISTRY = Registry(
+    [sum_flow, retry_flow, permanent_flow, slow_flow, parallel_flow, timeout_flow]
+)
+_ids = itertools.count()
+
+
+@contextlib.asynccontextmanager
+async def running_worker(settings: Settings, db: Database) -> AsyncIterator[Worker]:
+    worker = Worker(settings, db, REGISTRY, concurrency=8)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def submit(db: Database, settings: Settings, workflow_name: str, **inp: Any) -> Any:
+    async with db.write() as conn:
+        await REGISTRY.register(conn)
+    row, created = await Submitter(db, settings).submit(
+        SubmitRequest(workflow=workflow_name, input=inp), tenant_id=TENANT, subject="tester"
+    )
+    assert created
+    return row["run_id"]
+
+
+async def finished(db: Database, run_id: Any) -> Any:
+    async def probe() -> Any:
+        async with db.read() as conn:
+            row = await runs_q.get_run(conn, TENANT, run_id)
+        return row if row["status"] in {"completed", "failed", "cancelled"} else None
+
+    return await wait_for(probe, timeout=30, what=f"run {run_id} to finish")
+
+
+async def test_submit_to_completion(settings: Settings, db: Database) -> None:
+    calls.clear()
+    run_id = await submit(db, settings, "it-sum", a=2, b=3)
+    async with running_worker(settings, db):
+        row = await finished(db, run_id)
+    assert (row["status"], row["reason"]) == ("completed", "succeeded")
+    assert row["output"] == '{"total":5,"doubled":10}'
+    assert calls == {"add": 1, "double": 1}
+    async with db.read() as conn:
+        statuses = (await conn.execute(select(steps.c.step_id, steps.c.status))).all()
+    assert sorted(statuses) == [("add", "succeeded"), ("double", "succeeded")]
+
+
+async def test_retries_then_success(settings: Settings, db: Database) -> None:
+    calls.clear()
+    n = next(_ids)
+    run_id = await submit(db, settings, "it-retry", a=5, b=n)
+    async with running_worker(settings, db):
+        row = await finished(db, run_id)
+    assert (row["status"], row["reason"]) == ("completed", "succeeded")
+    assert row["output"] == '"ok after 3"'
+    assert calls[f"retry-{n}"] == 3
+
+
+async def test_retries_exhausted(settings: Settings, db: Database) -> None:
+    calls.clear()
+    n = next(_ids)
+    run_id = await submit(db, settings, "it-retry", a=2, b=n)
+    async with running_worker(settings, db):
+        row = await finished(db, run_id)
+    assert (row["status"], row["reason"]) == ("failed", "failure_attempts_exhausted")
+    assert calls[f"retry-{n}"] == 2
+    async with db.read() as conn:
+        dl = (await conn.execute(select(dead_letters.c.reason))).scalars().all()
+    assert dl == ["failure_attempts_exhausted"]
+
+
+async def test_permanent_fails_at_once(settings: Settings, db: Database) -> None:
+    calls.clear()
+    run_id = await submit(db, settings, "it-permanent", a=0, b=0)
+    async with running_worker(settings, db):
+        row = await finished(db, run_id)
+    assert (row["status"], row["reason"]) == ("failed", "failure_non_retryable")
+    assert calls["declined"] == 1
+    assert "card declined" in row["error"]
+
+
+async def test_step_timeout(settings: Settings, db: Database) -> None:
+    run_id = await submit(db, settings, "it-timeout", a=0, b=0)
+    async with running_worker(settings, db):
+        row = await finished(db, run_id)
+    assert (row["status"], row["reason"]) == ("failed", "failure_timed_out")
+    async with db.read() as conn:
+        step = (await conn.execute(select(steps.c.status, steps.c.attempt))).one()
+    assert tuple(step) == ("timed_out", 2)
+
+
+async def test_cancel_while_running(settings: Settings, db: Database) -> None:
+    n = next(_ids)
+    key = f"slow-{n}-0"
+    gates[key + ":started"] = asyncio.Event()
+    gates[key + ":release"] = asyncio.Event()
+    run_id = await submit(db, settings, "it-slow", a=n, b=0)
+    async with running_worker(settings, db) as worker:
+        await asyncio.wait_for(gates[key + ":started"].wait(), 30)
+        row = await control.cancel(db, tenant_id=TENANT, run_id=run_id, actor="op", reason="test")
+        assert (row["status"], row["reason"]) == ("cancelled", "canceled_by_request")
+        # The worker notices at its next heartbeat and stops the execution.
+        await wait_for(lambda: _no_active(worker), timeout=10, what="execution stopped")
+        # Idempotent.
+        again = await control.cancel(db, tenant_id=TENANT, run_id=run_id, actor="op", reason=None)
+        assert again["status"] == "cancelled"
+    async with db.read() as conn:
+        row = await runs_q.get_run(conn, TENANT, run_id)
+        step_status = (await conn.execute(select(steps.c.status))).scalar_one()
+    assert row["status"] == "cancelled"
+    assert row["lease_owner"] is None
+    assert step_status == "cancelled"
+
+
+async def _no_active(worker: Worker) -> bool:
+    return not worker._active
+
+
+async def test_cancel_finished_run_conflicts(settings: Settings, db: Database) -> None:
+    from app.core.errors import RunFinished
+
+    run_id = await submit(db, settings, "it-sum", a=1, b=1)
+    async with running_worker(settings, db):
+        await finished(db, run_id)
+    with pytest.raises(RunFinished):
+        await control.cancel(db, tenant_id=TENANT, run_id=run_id, actor="op", reason=None)
+
+
+async def test_parallel_steps_overlap(settings: Settings, db: Database) -> None:
+    n = next(_ids)
+    key = f"par-{n}-0"
+    gates[f"{key}:left"] = asyncio.Event()
+    gates[f"{key}:right"] = asyncio.Event()
+    run_id = await submit(db, settings, "it-parallel", a=n, b=0)
+    async with running_worker(settings, db):
+        row = await finished(db, run_id)
+    assert (row["status"], row["output"]) == ("completed", '["left","right"]')
+    async with db.read() as conn:
+        seqs = (await conn.execute(select(steps.c.step_id, steps.c.seq).order_by(steps.c.seq))).all()
+    assert [tuple(s) for s in seqs] == [("left", 0), ("right", 1)]
+
+
+async def test_other_tenant_cannot_see_run(settings: Settings, db: Database) -> None:
+    from app.core.errors import RunNotFound
+
+    run_id = await submit(db, settings, "it-sum", a=1, b=1)
+    async with db.read() as conn:
+        with pytest.raises(RunNotFound):
+            await runs_q.get_run(conn, "other-tenant", run_id)
+    with pytest.raises(RunNotFound):
+        await control.cancel(db, tenant_id="other-tenant", run_id=run_id, actor="x", reason=None)
+    async with db.read() as conn:
+        assert (await conn.execute(select(func.count()).select_from(dead_letters))).scalar() == 0
+        row = await runs_q.get_run(conn, TENANT, run_id)
+    assert row["status"] == "queued"
