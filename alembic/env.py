@@ -10,10 +10,10 @@ from __future__ import annotations
 
 import asyncio
 
-from alembic import context
 from sqlalchemy import text
 from sqlalchemy.engine import Connection
 
+from alembic import context
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.tables import metadata

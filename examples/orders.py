@@ -135,7 +135,9 @@ async def charge_card(order: Order, amount_cents: int) -> str:
     if order.card_token == "tok_processing_error" and step.attempt == 1:
         raise GatewayError("gateway timeout while processing")
     # The gateway deduplicates on our idempotency key, so a retried charge is not doubled.
-    return "ch_" + hashlib.sha256(f"{step.idempotency_key}:{amount_cents}".encode()).hexdigest()[:20]
+    return (
+        "ch_" + hashlib.sha256(f"{step.idempotency_key}:{amount_cents}".encode()).hexdigest()[:20]
+    )
 
 
 def send_confirmation(order: Order, charge_id: str) -> str:
@@ -151,15 +153,18 @@ async def fulfil_order(ctx: WorkflowContext, order: Order) -> Confirmation:
         ctx.step(
             reserve_inventory,
             order,
-            retry=RetryPolicy(max_attempts=5, backoff="exponential", delay=0.05, max_delay=1.0,
-                              jitter=0.5),
+            retry=RetryPolicy(
+                max_attempts=5, backoff="exponential", delay=0.05, max_delay=1.0, jitter=0.5
+            ),
             timeout=10,
         ),
         ctx.step(price_shipping, order),
     )
     total = subtotal + shipping
     charge_id = await ctx.step(
-        charge_card, order, total,
+        charge_card,
+        order,
+        total,
         retry=RetryPolicy(max_attempts=4, backoff="exponential", delay=0.1, jitter=0.2),
         timeout=15,
     )

@@ -65,7 +65,9 @@ def make_pg_database(pg_template: str) -> Iterator[Callable[[], str]]:
 
     def make() -> str:
         name = f"t_{uuid.uuid4().hex[:16]}"
-        asyncio.run(_pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}" STRATEGY FILE_COPY'))
+        asyncio.run(
+            _pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}" STRATEGY FILE_COPY')
+        )
         created.append(name)
         return pg_url(name)
 
@@ -75,9 +77,7 @@ def make_pg_database(pg_template: str) -> Iterator[Callable[[], str]]:
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
-def database_url(
-    request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path
-) -> str:
+def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
     """A fresh migrated database URL, once per dialect."""
     if request.param == "sqlite":
         path = tmp_path / "treadle.db"

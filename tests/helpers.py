@@ -11,7 +11,10 @@ T = TypeVar("T")
 
 
 async def wait_for(
-    probe: Callable[[], Awaitable[T | None]], *, timeout: float = 30.0, interval: float = 0.02,
+    probe: Callable[[], Awaitable[T | None]],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.02,
     what: str = "condition",
 ) -> T:
     """Poll ``probe`` until it returns a truthy value or ``timeout`` seconds pass.
@@ -30,7 +33,10 @@ async def wait_for(
 
 
 def wait_for_sync(
-    probe: Callable[[], T | None], *, timeout: float = 30.0, interval: float = 0.02,
+    probe: Callable[[], T | None],
+    *,
+    timeout: float = 30.0,
+    interval: float = 0.02,
     what: str = "condition",
 ) -> T:
     """Synchronous :func:`wait_for`."""

@@ -34,6 +34,7 @@ class BodyLimit:
         self.limit = limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry point."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
@@ -64,8 +65,11 @@ class BodyLimit:
 
     async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
         response = problems.problem(
-            413, "payload_too_large", f"request body exceeds {self.limit} bytes",
-            instance=scope.get("path"), limit_bytes=self.limit,
+            413,
+            "payload_too_large",
+            f"request body exceeds {self.limit} bytes",
+            instance=scope.get("path"),
+            limit_bytes=self.limit,
         )
         await response(scope, receive, send)
 

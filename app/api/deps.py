@@ -60,8 +60,9 @@ def require(scope: Scope) -> Callable[..., Coroutine[Any, Any, Principal]]:
 
     async def dependency(principal: Annotated[Principal, Depends(get_principal)]) -> Principal:
         if not principal.has(scope):
-            raise Forbidden(f"this operation needs the {scope.value!r} scope",
-                            required_scope=scope.value)
+            raise Forbidden(
+                f"this operation needs the {scope.value!r} scope", required_scope=scope.value
+            )
         return principal
 
     return dependency

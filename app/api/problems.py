@@ -85,16 +85,18 @@ async def _treadle_error(request: Request, exc: Exception) -> JSONResponse:
         headers = {"WWW-Authenticate": 'Bearer realm="treadle", error="invalid_token"'}
     if status == 503:
         headers = {"Retry-After": "5"}
-    return problem(status, exc.code, exc.detail, instance=request.url.path, headers=headers,
-                   **exc.data)
+    return problem(
+        status, exc.code, exc.detail, instance=request.url.path, headers=headers, **exc.data
+    )
 
 
 async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, RequestValidationError)
     items = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in items):
-        return problem(400, "malformed_json", "request body is not valid JSON",
-                       instance=request.url.path)
+        return problem(
+            400, "malformed_json", "request body is not valid JSON", instance=request.url.path
+        )
     return problem(
         422,
         "invalid_request",
@@ -113,20 +115,31 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
     code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
-    return problem(exc.status_code, code, str(exc.detail), instance=request.url.path,
-                   headers=getattr(exc, "headers", None))
+    return problem(
+        exc.status_code,
+        code,
+        str(exc.detail),
+        instance=request.url.path,
+        headers=getattr(exc, "headers", None),
+    )
 
 
 async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
     log.warning("database unavailable", path=request.url.path, error=str(exc)[:300])
-    return problem(503, "database_unavailable", "the database is unavailable; retry shortly",
-                   instance=request.url.path, headers={"Retry-After": "2"})
+    return problem(
+        503,
+        "database_unavailable",
+        "the database is unavailable; retry shortly",
+        instance=request.url.path,
+        headers={"Retry-After": "2"},
+    )
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
     log.exception("unhandled error", path=request.url.path)
-    return problem(500, "internal_error", "internal error; it has been logged",
-                   instance=request.url.path)
+    return problem(
+        500, "internal_error", "internal error; it has been logged", instance=request.url.path
+    )
 
 
 def install(app: FastAPI) -> None:

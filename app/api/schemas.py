@@ -22,9 +22,7 @@ def _printable(value: str) -> str:
 
 
 Identifier = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_printable)]
-WorkflowName = Annotated[
-    str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")
-]
+WorkflowName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
 
 class SubmitRunRequest(BaseModel):
@@ -33,14 +31,17 @@ class SubmitRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     workflow: WorkflowName = Field(description="Registered workflow name.")
-    input: Any = Field(default_factory=dict, description="JSON input, validated against the "
-                       "workflow's registered input schema.")
-    version: Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_printable)] | int | None = Field(
-        default=None, description="Pin a definition version; default the latest registered."
+    input: Any = Field(
+        default_factory=dict,
+        description="JSON input, validated against the workflow's registered input schema.",
     )
+    version: (
+        Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_printable)] | int | None
+    ) = Field(default=None, description="Pin a definition version; default the latest registered.")
     idempotency_key: Identifier | None = Field(
-        default=None, description="Same key + same request returns the same run (or use the "
-        "Idempotency-Key header)."
+        default=None,
+        description="Same key + same request returns the same run (or use the "
+        "Idempotency-Key header).",
     )
     concurrency_key: Identifier | None = None
     delay: float | None = Field(

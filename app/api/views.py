@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
+
+from sqlalchemy import RowMapping
 
 from app.api import schemas
 from app.core import json
 
 
-def run_view(row: Mapping[str, Any], step_counts: dict[str, int] | None = None) -> schemas.Run:
+def run_view(row: RowMapping, step_counts: dict[str, int] | None = None) -> schemas.Run:
     """Build a :class:`schemas.Run` from a ``runs`` row."""
     waiting = None
     if row["waiting_kind"]:
@@ -41,7 +42,7 @@ def run_view(row: Mapping[str, Any], step_counts: dict[str, int] | None = None) 
     )
 
 
-def step_view(row: Mapping[str, Any]) -> schemas.Step:
+def step_view(row: RowMapping) -> schemas.Step:
     """Build a :class:`schemas.Step` from a ``steps`` row."""
     duration = None
     if row["started_at"] is not None and row["finished_at"] is not None:
@@ -64,7 +65,7 @@ def step_view(row: Mapping[str, Any]) -> schemas.Step:
     )
 
 
-def event_view(row: Mapping[str, Any]) -> schemas.Event:
+def event_view(row: RowMapping) -> schemas.Event:
     """Build a :class:`schemas.Event` from an ``events`` row."""
     return schemas.Event(
         event_id=row["event_id"],
@@ -76,7 +77,7 @@ def event_view(row: Mapping[str, Any]) -> schemas.Event:
     )
 
 
-def dead_letter_view(row: Mapping[str, Any]) -> schemas.DeadLetter:
+def dead_letter_view(row: RowMapping) -> schemas.DeadLetter:
     """Build a :class:`schemas.DeadLetter` from a ``dead_letters`` row."""
     return schemas.DeadLetter(
         dead_letter_id=row["dead_letter_id"],
@@ -120,29 +121,39 @@ def render_report_text(report: schemas.RunReport) -> str:
     ]
     if r.waiting_on is not None:
         deadline = r.waiting_on.deadline.isoformat() if r.waiting_on.deadline else "none"
-        lines.append(f"waiting on   {r.waiting_on.kind} {r.waiting_on.name or ''} "
-                     f"(deadline {deadline})")
+        lines.append(
+            f"waiting on   {r.waiting_on.kind} {r.waiting_on.name or ''} (deadline {deadline})"
+        )
     if r.blocked_reason:
         lines.append(f"blocked      {r.blocked_reason}")
     if r.output is not None:
         lines.append(f"output       {_short(r.output, 300)}")
     if r.error is not None:
         err = r.error if isinstance(r.error, dict) else {"message": r.error}
-        lines.append(f"error        {err.get('type', 'Error')}: {_short(err.get('message', ''), 300)}")
+        lines.append(
+            f"error        {err.get('type', 'Error')}: {_short(err.get('message', ''), 300)}"
+        )
     lines += ["", f"== STEPS ({len(report.steps)}) =="]
     if not report.steps:
         lines.append("(none)")
     for s in report.steps:
         duration = f"{s.duration_ms:.1f} ms" if s.duration_ms is not None else "-"
-        lines.append(f"{s.seq:>4}  {s.step_id:<32} {s.status:<12} attempt {s.attempt}/"
-                     f"{s.max_attempts}  {duration}")
+        lines.append(
+            f"{s.seq:>4}  {s.step_id:<32} {s.status:<12} attempt {s.attempt}/"
+            f"{s.max_attempts}  {duration}"
+        )
         if s.error is not None and isinstance(s.error, dict):
-            lines.append(f"      error: {s.error.get('type', 'Error')}: "
-                         f"{_short(s.error.get('message', ''))}")
+            lines.append(
+                f"      error: {s.error.get('type', 'Error')}: {_short(s.error.get('message', ''))}"
+            )
         if s.next_attempt_at is not None and s.status == "retry_wait":
             lines.append(f"      next attempt at {s.next_attempt_at.isoformat()}")
-    lines += ["", f"== TIMELINE ({len(report.events)} events"
-              + (", truncated" if report.events_truncated else "") + ") =="]
+    lines += [
+        "",
+        f"== TIMELINE ({len(report.events)} events"
+        + (", truncated" if report.events_truncated else "")
+        + ") ==",
+    ]
     for e in report.events:
         who = f" by {e.actor}" if e.actor else ""
         step = f" [{e.step_id}]" if e.step_id else ""
@@ -154,6 +165,8 @@ def render_report_text(report: schemas.RunReport) -> str:
     for d in report.dead_letters:
         lines.append(f"{d.dead_letter_id}  {d.status}  {d.reason}  {d.created_at.isoformat()}")
         if d.requeued_at is not None:
-            lines.append(f"      requeued {d.requeued_at.isoformat()} by {d.requeued_by}: "
-                         f"{d.requeue_reason} (correlation {d.correlation_id})")
+            lines.append(
+                f"      requeued {d.requeued_at.isoformat()} by {d.requeued_by}: "
+                f"{d.requeue_reason} (correlation {d.correlation_id})"
+            )
     return "\n".join(lines) + "\n"

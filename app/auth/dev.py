@@ -107,7 +107,9 @@ class DevTokens:
         if not isinstance(tenant, str) or not tenant or not set(tenant) <= _TENANT_CHARS:
             raise Unauthenticated("invalid token: missing or malformed tenant claim")
         scope_text = claims.get("scope", "")
-        scopes = frozenset(Scope(s) for s in str(scope_text).split() if s in Scope._value2member_map_)
+        scopes = frozenset(
+            Scope(s) for s in str(scope_text).split() if s in Scope._value2member_map_
+        )
         groups = claims.get("groups") or []
         return Principal(
             tenant_id=tenant,

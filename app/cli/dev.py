@@ -27,8 +27,9 @@ async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
     db = Database(settings)
     worker = Worker(settings, db, registry)
     api = create_app(settings, db=db, on_submit=worker.wake)
-    config = uvicorn.Config(api, host=settings.host, port=settings.port, log_level="warning",
-                            access_log=False)
+    config = uvicorn.Config(
+        api, host=settings.host, port=settings.port, log_level="warning", access_log=False
+    )
     server = uvicorn.Server(config)
     token = DevTokens(dev_secret(settings)).mint(
         tenant_id="default", subject="dev", scopes=ALL_SCOPES
@@ -47,7 +48,7 @@ async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
-    server_task = asyncio.create_task(server._serve())  # noqa: SLF001 - keep our handlers
+    server_task = asyncio.create_task(server._serve())
     worker_task = asyncio.create_task(worker.run())
     try:
         await asyncio.gather(server_task, worker_task)

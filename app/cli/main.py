@@ -69,8 +69,7 @@ def serve(
     settings = load_settings(host=host, port=port)
     configure_logging(settings)
     api = create_app(settings)
-    uvicorn.run(api, host=settings.host, port=settings.port, log_level="warning",
-                access_log=False)
+    uvicorn.run(api, host=settings.host, port=settings.port, log_level="warning", access_log=False)
 
 
 @app.command()
@@ -116,7 +115,9 @@ def token(
     settings = load_settings()
     try:
         minted = DevTokens(dev_secret(settings)).mint(
-            tenant_id=tenant, subject=subject, scopes=scopes.replace(",", " ").split(),
+            tenant_id=tenant,
+            subject=subject,
+            scopes=scopes.replace(",", " ").split(),
             ttl_seconds=ttl,
         )
     except ValueError as exc:
@@ -233,5 +234,7 @@ def runs_result(
 def main() -> None:
     """Console-script entry point."""
     app()
+
+
 if __name__ == "__main__":
     main()

@@ -109,7 +109,7 @@ class CeilingExceeded(TreadleError):
     code = "ceiling_exceeded"
 
 
-class LeaseLost(BaseException):  # noqa: N818 - a control signal, not an error
+class LeaseLost(BaseException):
     """The worker's lease (fence) on a run is gone: it must stop without committing.
 
     Raised by every fenced write that affects zero rows. Derives from ``BaseException`` so

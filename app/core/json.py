@@ -1,4 +1,4 @@
-"""Payload encoding: JSON text, stored verbatim.
+r"""Payload encoding: JSON text, stored verbatim.
 
 Payloads are kept as JSON *text* (not PostgreSQL ``jsonb``) so they round-trip exactly:
 ``jsonb`` rejects ``\\u0000`` and would normalise numbers and key order. ``ensure_ascii``

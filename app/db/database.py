@@ -108,9 +108,8 @@ class Database:
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
         """Open a read-only-by-convention transaction (rolled back at the end)."""
-        async with self.read_engine.connect() as conn:
-            async with conn.begin():
-                yield conn
+        async with self.read_engine.connect() as conn, conn.begin():
+            yield conn
 
     async def now(self) -> datetime:
         """Return the database clock as an aware UTC datetime."""

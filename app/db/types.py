@@ -25,6 +25,11 @@ class UtcDateTime(TypeDecorator[datetime]):
     cache_ok = True
 
     def process_bind_param(self, value: datetime | None, dialect: Dialect) -> datetime | None:
+        """Convert to UTC; naive for SQLite.
+
+        Raises:
+            ValueError: a naive datetime (its timezone would be a guess).
+        """
         if value is None:
             return None
         if value.tzinfo is None:
@@ -33,6 +38,7 @@ class UtcDateTime(TypeDecorator[datetime]):
         return value.replace(tzinfo=None) if dialect.name == "sqlite" else value
 
     def process_result_value(self, value: Any, dialect: Dialect) -> datetime | None:
+        """Return an aware UTC datetime."""
         if value is None:
             return None
         if isinstance(value, str):

@@ -17,9 +17,10 @@ from app.db.queries import steps as steps_q
 async def cancel(
     db: Database, *, tenant_id: str, run_id: uuid.UUID, actor: str, reason: str | None
 ) -> RowMapping:
-    """Cancel a run: it becomes ``cancelled`` / ``canceled_by_request`` and its fence moves,
-    so a worker executing it can never commit again (it stops at its next checkpoint or
-    heartbeat).
+    """Cancel a run: ``cancelled`` / ``canceled_by_request``, with its fence advanced.
+
+    A worker executing it can never commit again: it stops at its next checkpoint or
+    heartbeat.
 
     Returns:
         The run row after the call. Cancelling a cancelled run is idempotent.

@@ -17,7 +17,7 @@ import time
 import traceback
 import typing
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Coroutine, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -70,7 +70,9 @@ Outcome = Completed | Failed | Suspended
 
 def error_info(exc: BaseException, **extra: Any) -> dict[str, Any]:
     """Describe an exception as ``{type, message, traceback, …extra}`` (JSON-able)."""
-    inner = exc.error if isinstance(exc, Permanent) and isinstance(exc.error, BaseException) else exc
+    inner = (
+        exc.error if isinstance(exc, Permanent) and isinstance(exc.error, BaseException) else exc
+    )
     return {
         "type": type(inner).__name__,
         "message": str(inner),
@@ -129,8 +131,8 @@ class RunExecution:
         self.run = run
         self.definition = definition
         self.worker_id = worker_id
-        self.journal: dict[str, Mapping[str, Any]] = {r["step_id"]: r for r in journal}
-        self.journal_by_seq: dict[int, Mapping[str, Any]] = {int(r["seq"]): r for r in journal}
+        self.journal: dict[str, RowMapping] = {r["step_id"]: r for r in journal}
+        self.journal_by_seq: dict[int, RowMapping] = {int(r["seq"]): r for r in journal}
         self._db_now_at_claim: datetime = run["updated_at"]
         self._mono_at_claim = time.monotonic()
         self._active = 0
@@ -164,8 +166,13 @@ class RunExecution:
         except ValidationError as exc:
             return Failed(
                 RunReason.FAILURE_NON_RETRYABLE,
-                {"type": "InvalidInput", "message": str(exc), "errors": exc.errors(
-                    include_url=False, include_context=False, include_input=False)},
+                {
+                    "type": "InvalidInput",
+                    "message": str(exc),
+                    "errors": exc.errors(
+                        include_url=False, include_context=False, include_input=False
+                    ),
+                },
             )
         ctx = ReplayContext(self)
         body = asyncio.create_task(self._body(ctx, input_value))
@@ -186,11 +193,11 @@ class RunExecution:
             return Suspended(RunStatus.RETRYING, min(self._suspends))
         if body.cancelled():
             raise asyncio.CancelledError()
-        exc = body.exception()
-        if exc is not None:
-            if isinstance(exc, BaseException) and not isinstance(exc, Exception):
-                raise exc  # LeaseLost and friends
-            return self._failure_from(exc)
+        escaped = body.exception()
+        if escaped is not None:
+            if not isinstance(escaped, Exception):
+                raise escaped  # LeaseLost and friends
+            return self._failure_from(escaped)
         output = body.result()
         try:
             payload = self.definition.output_adapter.dump_python(output, mode="json")
@@ -243,7 +250,7 @@ class RunExecution:
         args: tuple[Any, ...],
         retry: RetryPolicy,
         timeout: float | None,
-        entry: Mapping[str, Any] | None,
+        entry: RowMapping | None,
     ) -> Any:
         """Return a journaled result or execute the step's attempts (see ``ctx.step``)."""
         adapter = _output_adapter(fn)
@@ -349,7 +356,10 @@ class RunExecution:
             value = await asyncio.wait_for(call, timeout) if timeout else await call
         except Permanent as exc:
             await self._finish_step_failed(
-                step_id, StepStatus.FAILED, RunReason.FAILURE_NON_RETRYABLE, error_info(exc),
+                step_id,
+                StepStatus.FAILED,
+                RunReason.FAILURE_NON_RETRYABLE,
+                error_info(exc),
                 attempt,
             )
         except TimeoutError as exc:
@@ -364,7 +374,10 @@ class RunExecution:
             text = json.dumps_limited(payload, self.settings.max_payload_bytes, "step output")
         except (PayloadTooLarge, ValueError, TypeError) as exc:
             await self._finish_step_failed(
-                step_id, StepStatus.FAILED, RunReason.FAILURE_NON_RETRYABLE, error_info(exc),
+                step_id,
+                StepStatus.FAILED,
+                RunReason.FAILURE_NON_RETRYABLE,
+                error_info(exc),
                 attempt,
             )
 
@@ -431,7 +444,8 @@ class RunExecution:
                 run_id=self.run_id,
                 tenant_id=self.tenant_id,
                 kind=(
-                    EventKind.STEP_TIMED_OUT if timed_out is not None
+                    EventKind.STEP_TIMED_OUT
+                    if timed_out is not None
                     else EventKind.STEP_RETRY_SCHEDULED
                 ),
                 step_id=step_id,
@@ -499,15 +513,15 @@ class ReplayContext(WorkflowContext):
         self._seq = 0
         self._names: dict[str, int] = {}
 
-    def step(
+    def _step(
         self,
         fn: Callable[..., Any],
-        *args: Any,
-        name: str | None = None,
-        retry: RetryPolicy | None = None,
-        timeout: float | None = None,
+        args: tuple[Any, ...],
+        *,
+        name: str | None,
+        retry: RetryPolicy | None,
+        timeout: float | None,
     ) -> Coroutine[Any, Any, Any]:
-        """See :meth:`app.sdk.context.WorkflowContext.step`."""
         if timeout is not None and timeout <= 0:
             raise ValueError("step timeout must be > 0 seconds")
         # Assigned synchronously, at call time: call order, never completion order.

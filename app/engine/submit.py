@@ -116,7 +116,9 @@ class Submitter:
         validator = self._validators.get(schema_text)
         if validator is None:
             schema = json.loads(schema_text)
-            cls = jsonschema.validators.validator_for(schema, default=jsonschema.Draft202012Validator)
+            cls = jsonschema.validators.validator_for(
+                schema, default=jsonschema.Draft202012Validator
+            )
             validator = cls(schema)
             self._validators[schema_text] = validator
         found = _Definition(version=str(row["version"]), validator=validator)
@@ -145,8 +147,10 @@ class Submitter:
                 f"input is not valid for workflow {request.workflow!r} version "
                 f"{definition.version!r}",
                 errors=[
-                    {"path": ".".join(str(p) for p in e.absolute_path) or "$",
-                     "message": e.message[:500]}
+                    {
+                        "path": ".".join(str(p) for p in e.absolute_path) or "$",
+                        "message": e.message[:500],
+                    }
                     for e in errors[:20]
                 ],
             )
@@ -180,9 +184,7 @@ class Submitter:
                 await notify(conn)
                 return row, True
             assert request.idempotency_key is not None
-            existing = await runs_q.get_by_idempotency_key(
-                conn, tenant_id, request.idempotency_key
-            )
+            existing = await runs_q.get_by_idempotency_key(conn, tenant_id, request.idempotency_key)
         if existing is None:  # pragma: no cover - the conflicting row cannot vanish
             raise IdempotencyConflict("idempotency key conflict; retry the request")
         if existing["request_hash"] != fingerprint:

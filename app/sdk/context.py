@@ -7,11 +7,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, TypeVar, overload
 
 from app.sdk.retry import RetryPolicy
 
-P = ParamSpec("P")
 T = TypeVar("T")
 
 
@@ -61,15 +60,34 @@ class WorkflowContext(abc.ABC):
     run_id: uuid.UUID
     workflow: str
 
-    @abc.abstractmethod
+    @overload
     def step(
         self,
-        fn: Callable[P, T] | Callable[P, Awaitable[T]],
+        fn: Callable[..., Awaitable[T]],
         *args: Any,
         name: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
-    ) -> Awaitable[T]:
+    ) -> Awaitable[T]: ...
+
+    @overload
+    def step(
+        self,
+        fn: Callable[..., T],
+        *args: Any,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> Awaitable[T]: ...
+
+    def step(
+        self,
+        fn: Callable[..., Any],
+        *args: Any,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> Awaitable[Any]:
         """Run ``fn(*args)`` as a journaled step, at least once.
 
         The step id is assigned when this method is *called* (call order, not completion
@@ -77,7 +95,8 @@ class WorkflowContext(abc.ABC):
 
         Args:
             fn: a sync or async function; sync functions run in a worker thread.
-            *args: JSON-serialisable positional arguments.
+            *args: positional arguments (not journaled; keep them derived from the input
+                and earlier step results so replays pass the same values).
             name: step name; default the function's ``__qualname__``. A name used again in
                 one run gets ``#2``, ``#3`` … appended.
             retry: retry policy (default :data:`app.sdk.retry.DEFAULT_RETRY`).
@@ -89,7 +108,21 @@ class WorkflowContext(abc.ABC):
 
         Raises:
             StepFailed: the step gave up (``Permanent``, attempts exhausted, timed out).
+            ValueError: ``timeout`` is not positive.
         """
+        return self._step(fn, args, name=name, retry=retry, timeout=timeout)
+
+    @abc.abstractmethod
+    def _step(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        *,
+        name: str | None,
+        retry: RetryPolicy | None,
+        timeout: float | None,
+    ) -> Awaitable[Any]:
+        """Engine hook behind :meth:`step`."""
 
     @property
     def idempotency_key(self) -> str:

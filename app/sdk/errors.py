@@ -7,7 +7,7 @@ Taxonomy (after Temporal's): an exception raised by a step is *retryable* unless
 from __future__ import annotations
 
 
-class Permanent(Exception):  # noqa: N818 - the name is the public contract (DESIGN §1)
+class Permanent(Exception):
     """Raise from a step (or a workflow body) to stop retrying at once.
 
     Args:
@@ -31,7 +31,7 @@ NonRetryable = Permanent
 """Alias of :class:`Permanent`."""
 
 
-class StepFailed(Exception):  # noqa: N818 - mirrors Temporal's ActivityError naming intent
+class StepFailed(Exception):
     """A step gave up: raised inside the workflow at the ``await ctx.step(...)``.
 
     Attributes:
@@ -46,8 +46,10 @@ class StepFailed(Exception):  # noqa: N818 - mirrors Temporal's ActivityError na
     def __init__(
         self, step_id: str, reason: str, error_type: str, message: str, attempts: int
     ) -> None:
-        super().__init__(f"step {step_id!r} failed ({reason}) after {attempts} attempt(s): "
-                         f"{error_type}: {message}")
+        super().__init__(
+            f"step {step_id!r} failed ({reason}) after {attempts} attempt(s): "
+            f"{error_type}: {message}"
+        )
         self.step_id = step_id
         self.reason = reason
         self.error_type = error_type

@@ -120,7 +120,9 @@ class Worker:
     async def run(self) -> None:
         """Register, then claim and execute until :meth:`stop`; then drain."""
         await self.register()
-        self.log.info("worker started", definitions=len(self.registry), concurrency=self.concurrency)
+        self.log.info(
+            "worker started", definitions=len(self.registry), concurrency=self.concurrency
+        )
         helpers = [asyncio.create_task(self._heartbeat_loop())]
         if self.db.dialect == "postgresql":
             helpers.append(asyncio.create_task(self._listen_loop()))
@@ -181,7 +183,9 @@ class Worker:
                 return
             async with self.db.read() as conn:
                 journal = await steps_q.load_journal(conn, run_id)
-            execution = RunExecution(self.db, self.settings, row, definition, journal, self.worker_id)
+            execution = RunExecution(
+                self.db, self.settings, row, definition, journal, self.worker_id
+            )
             outcome = await execution.execute()
             active = self._active.get(run_id)
             if active is not None:
@@ -198,7 +202,7 @@ class Worker:
                 rlog.warning("lease lost; execution stopped")
             else:
                 await asyncio.shield(self._release(run_id, fence))
-        except Exception:
+        except Exception:  # noqa: BLE001
             # An engine bug must not kill the worker; the lease expires and another
             # worker retries the run.
             rlog.exception("execution crashed")
@@ -212,8 +216,13 @@ class Worker:
         async with self.db.write() as conn:
             if isinstance(outcome, Completed):
                 await runs_q.finish_run(
-                    conn, run_id=run_id, fence=fence, status=RunStatus.COMPLETED,
-                    reason="succeeded", output=outcome.output, error=None,
+                    conn,
+                    run_id=run_id,
+                    fence=fence,
+                    status=RunStatus.COMPLETED,
+                    reason="succeeded",
+                    output=outcome.output,
+                    error=None,
                 )
                 await events_q.append(
                     conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_COMPLETED
@@ -222,29 +231,54 @@ class Worker:
             elif isinstance(outcome, Failed):
                 error_text = json.dumps(outcome.error)
                 await runs_q.finish_run(
-                    conn, run_id=run_id, fence=fence, status=RunStatus.FAILED,
-                    reason=outcome.reason.value, output=None, error=error_text,
+                    conn,
+                    run_id=run_id,
+                    fence=fence,
+                    status=RunStatus.FAILED,
+                    reason=outcome.reason.value,
+                    output=None,
+                    error=error_text,
                 )
                 dl_id = await dl_q.insert_dead_letter(
-                    conn, run_id=run_id, tenant_id=tenant_id, workflow=row["workflow"],
-                    reason=outcome.reason.value, error=error_text,
+                    conn,
+                    run_id=run_id,
+                    tenant_id=tenant_id,
+                    workflow=row["workflow"],
+                    reason=outcome.reason.value,
+                    error=error_text,
                 )
                 await events_q.append(
-                    conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_FAILED,
-                    data={"reason": outcome.reason.value, "error_type": outcome.error.get("type"),
-                          "message": str(outcome.error.get("message", ""))[:500]},
+                    conn,
+                    run_id=run_id,
+                    tenant_id=tenant_id,
+                    kind=EventKind.RUN_FAILED,
+                    data={
+                        "reason": outcome.reason.value,
+                        "error_type": outcome.error.get("type"),
+                        "message": str(outcome.error.get("message", ""))[:500],
+                    },
                 )
                 await events_q.append(
-                    conn, run_id=run_id, tenant_id=tenant_id,
-                    kind=EventKind.DEAD_LETTER_WRITTEN, data={"dead_letter_id": str(dl_id)},
+                    conn,
+                    run_id=run_id,
+                    tenant_id=tenant_id,
+                    kind=EventKind.DEAD_LETTER_WRITTEN,
+                    data={"dead_letter_id": str(dl_id)},
                 )
                 self.stats.failed += 1
             elif isinstance(outcome, Suspended):
                 await runs_q.release_run(
-                    conn, run_id=run_id, fence=fence, status=outcome.status, delay=outcome.delay,
+                    conn,
+                    run_id=run_id,
+                    fence=fence,
+                    status=outcome.status,
+                    delay=outcome.delay,
                 )
                 await events_q.append(
-                    conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_RELEASED,
+                    conn,
+                    run_id=run_id,
+                    tenant_id=tenant_id,
+                    kind=EventKind.RUN_RELEASED,
                     data={"status": outcome.status.value, "resume_in_seconds": outcome.delay},
                 )
                 self.stats.suspended += 1
@@ -297,8 +331,8 @@ class Worker:
         """LISTEN for submissions on PostgreSQL; polling covers any gap."""
         import asyncpg
 
-        dsn = make_url(self.db.url).set(drivername="postgresql").render_as_string(
-            hide_password=False
+        dsn = (
+            make_url(self.db.url).set(drivername="postgresql").render_as_string(hide_password=False)
         )
         while True:
             conn: Any = None
@@ -327,14 +361,18 @@ class Worker:
         grace = self.settings.drain_grace_seconds
         self.log.info("draining", in_flight=len(self._active), grace_seconds=grace)
         tasks = [a.task for a in self._active.values()]
-        _done, pending = await asyncio.wait(tasks, timeout=grace) if grace > 0 else (set(), set(tasks))
+        _done, pending = (
+            await asyncio.wait(tasks, timeout=grace) if grace > 0 else (set(), set(tasks))
+        )
         for task in pending:
             task.cancel()  # each cancelled execution releases its own lease
         if pending:
             await asyncio.gather(*pending, return_exceptions=True)
 
 
-async def run_worker(settings: Settings, handler_modules: list[str], concurrency: int | None = None) -> None:
+async def run_worker(
+    settings: Settings, handler_modules: list[str], concurrency: int | None = None
+) -> None:
     """Composition root of ``treadle worker``: build everything, run until SIGTERM/SIGINT.
 
     Raises:

@@ -77,7 +77,9 @@ class Stack:
 
         wait_for_sync(ready, timeout=30, what="API ready")
 
-    def start_worker(self, handlers: str = "tests.acceptance.handlers", concurrency: int = 8) -> subprocess.Popen[bytes]:
+    def start_worker(
+        self, handlers: str = "tests.acceptance.handlers", concurrency: int = 8
+    ) -> subprocess.Popen[bytes]:
         proc = self._spawn(
             ["worker", "--handlers", handlers, "--concurrency", str(concurrency)], "worker"
         )

@@ -14,7 +14,9 @@ from tests.helpers import wait_for_sync
 
 
 def _started(shared: Path, name: str, pid: int | None = None) -> list[Path]:
-    return [p for p in shared.glob(f"{name}.started.*") if pid is None or p.name.endswith(f".{pid}")]
+    return [
+        p for p in shared.glob(f"{name}.started.*") if pid is None or p.name.endswith(f".{pid}")
+    ]
 
 
 def _submit(stack: Stack, name: str) -> str:
@@ -26,6 +28,7 @@ def _submit(stack: Stack, name: str) -> str:
 
 def _result(stack: Stack, run_id: str) -> dict[str, object]:
     with stack.client() as c:
+
         def done() -> dict[str, object] | None:
             body = c.get(f"/runs/{run_id}/result", params={"wait": 5}).json()
             return body if body["done"] else None

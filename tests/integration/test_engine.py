@@ -118,9 +118,7 @@ async def timeout_flow(ctx: WorkflowContext, n: Numbers) -> None:
     await ctx.step(asyncio.sleep, 5, timeout=0.05, retry=RetryPolicy(max_attempts=2, delay=0.01))
 
 
-REGISTRY = Registry(
-    [sum_flow, retry_flow, permanent_flow, slow_flow, parallel_flow, timeout_flow]
-)
+REGISTRY = Registry([sum_flow, retry_flow, permanent_flow, slow_flow, parallel_flow, timeout_flow])
 _ids = itertools.count()
 
 
@@ -258,7 +256,9 @@ async def test_parallel_steps_overlap(settings: Settings, db: Database) -> None:
         row = await finished(db, run_id)
     assert (row["status"], row["output"]) == ("completed", '["left","right"]')
     async with db.read() as conn:
-        seqs = (await conn.execute(select(steps.c.step_id, steps.c.seq).order_by(steps.c.seq))).all()
+        seqs = (
+            await conn.execute(select(steps.c.step_id, steps.c.seq).order_by(steps.c.seq))
+        ).all()
     assert [tuple(s) for s in seqs] == [("left", 0), ("right", 1)]
 
 

@@ -33,6 +33,8 @@ async def readyz(db: DB) -> JSONResponse:
         body = schemas.Health(status="unavailable", detail=exc.detail)
         return JSONResponse(body.model_dump(), status_code=503)
     except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
-        body = schemas.Health(status="unavailable", detail=f"database unreachable: {type(exc).__name__}")
+        body = schemas.Health(
+            status="unavailable", detail=f"database unreachable: {type(exc).__name__}"
+        )
         return JSONResponse(body.model_dump(), status_code=503)
     return JSONResponse(schemas.Health(status="ok").model_dump())

@@ -198,13 +198,19 @@ async def get_run_result(
     view = run_view(row)
     response.status_code = 200 if done else 202
     return schemas.RunResult(
-        run_id=view.run_id, done=done, status=view.status, reason=view.reason,
-        output=view.output, error=view.error,
+        run_id=view.run_id,
+        done=done,
+        status=view.status,
+        reason=view.reason,
+        output=view.output,
+        error=view.error,
     )
 
 
 @router.get(
-    "/{run_id}/steps", operation_id="list_run_steps", response_model=schemas.StepPage,
+    "/{run_id}/steps",
+    operation_id="list_run_steps",
+    response_model=schemas.StepPage,
     responses=_PROBLEMS,
 )
 async def list_run_steps(
@@ -233,7 +239,9 @@ async def list_run_steps(
 
 
 @router.get(
-    "/{run_id}/events", operation_id="list_run_events", response_model=schemas.EventPage,
+    "/{run_id}/events",
+    operation_id="list_run_events",
+    response_model=schemas.EventPage,
     responses=_PROBLEMS,
 )
 async def list_run_events(
@@ -266,8 +274,10 @@ async def list_run_events(
     operation_id="get_run_report",
     response_model=schemas.RunReport,
     responses={
-        200: {"content": {"text/plain": {"schema": {"type": "string"}}},
-              "description": "JSON, or four text sections with Accept: text/plain"},
+        200: {
+            "content": {"text/plain": {"schema": {"type": "string"}}},
+            "description": "JSON, or four text sections with Accept: text/plain",
+        },
         **_PROBLEMS,
     },
 )
@@ -312,8 +322,7 @@ async def get_run_report(
     "/{run_id}/cancel",
     operation_id="cancel_run",
     response_model=schemas.Run,
-    responses={409: {"model": schemas.Problem, "description": "Run already finished"},
-               **_PROBLEMS},
+    responses={409: {"model": schemas.Problem, "description": "Run already finished"}, **_PROBLEMS},
 )
 async def cancel_run(
     run_id: str,

@@ -367,4 +367,3 @@ async def count_by_status(conn: AsyncConnection) -> dict[str, int]:
 def terminal_filter() -> Any:
     """SQL condition: the run is terminal."""
     return runs.c.status.in_([s.value for s in TERMINAL_RUN_STATUSES])
-

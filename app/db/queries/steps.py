@@ -17,9 +17,7 @@ from app.db.tables import steps
 
 async def load_journal(conn: AsyncConnection, run_id: uuid.UUID) -> Sequence[RowMapping]:
     """Return every journaled step of a run in call order (``seq``)."""
-    result = await conn.execute(
-        select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq)
-    )
+    result = await conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq))
     return result.mappings().all()
 
 
@@ -98,9 +96,7 @@ async def finish_attempt(
         "next_attempt_at": None if retry_in is None else now_plus(dialect, retry_in),
     }
     await conn.execute(
-        update(steps)
-        .where(steps.c.run_id == run_id, steps.c.step_id == step_id)
-        .values(values)
+        update(steps).where(steps.c.run_id == run_id, steps.c.step_id == step_id).values(values)
     )
 
 

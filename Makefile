@@ -1,0 +1,26 @@
+# One task runner for humans and CI. `make dev` runs the service; `make test` runs everything.
+.PHONY: dev test lint fmt openapi check-openapi bench install
+
+install:
+	scripts/bootstrap
+
+dev: install
+	uv run treadle dev
+
+test: install
+	scripts/ensure-postgres
+	$(MAKE) --no-print-directory lint
+	uv run pytest
+
+lint:
+	uv run ruff check .
+	uv run ruff format --check .
+	uv run mypy app examples tests
+	uv run lint-imports
+
+fmt:
+	uv run ruff format .
+	uv run ruff check --fix .
+
+openapi:
+	uv run python -m app.api.openapi > openapi/openapi.json
