@@ -1,0 +1,114 @@
+"""Alembic head equals tables.py; concurrent migrations are safe; mismatches refuse to start."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from alembic.autogenerate import compare_metadata
+from alembic.migration import MigrationContext
+from sqlalchemy import text
+
+from app.core.errors import SchemaVersionMismatch
+from app.core.settings import Settings
+from app.db.database import Database
+from app.db.migrations import check_schema, head_revision
+from app.db.tables import metadata
+from tests.conftest import DEV_SECRET, _pg_admin, pg_url
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+async def test_head_matches_tables(database_url: str) -> None:
+    db = Database(Settings(database_url=database_url, dev_secret=DEV_SECRET))
+    try:
+        async with db.read() as conn:
+            diff = await conn.run_sync(
+                lambda sync: compare_metadata(
+                    MigrationContext.configure(sync, opts={"compare_type": True}), metadata
+                )
+            )
+        assert diff == []
+        await check_schema(db)  # at head: no error
+    finally:
+        await db.dispose()
+
+
+async def test_refuses_schema_behind_and_ahead(database_url: str) -> None:
+    db = Database(Settings(database_url=database_url, dev_secret=DEV_SECRET))
+    try:
+        async with db.write() as conn:
+            await conn.execute(text("UPDATE alembic_version SET version_num = 'f00dfeed'"))
+        with pytest.raises(SchemaVersionMismatch, match="ahead"):
+            await check_schema(db)
+        async with db.write() as conn:
+            await conn.execute(text("DELETE FROM alembic_version"))
+        with pytest.raises(SchemaVersionMismatch, match="treadle migrate"):
+            await check_schema(db)
+    finally:
+        await db.dispose()
+
+
+def _migrate_concurrently(url: str, tmp: Path) -> None:
+    env = {**os.environ, "TREADLE_DATABASE_URL": url, "TREADLE_DATA_DIR": str(tmp)}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-m", "app.cli.main", "migrate"],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+        for _ in range(3)
+    ]
+    outputs = [p.communicate(timeout=60)[0].decode() for p in procs]
+    for p, out in zip(procs, outputs, strict=True):
+        assert p.returncode == 0, out
+        assert f"database at revision {head_revision()}" in out
+
+
+async def test_concurrent_migrations_postgresql(tmp_path: Path) -> None:
+    name = f"mig_{os.getpid()}_{tmp_path.name[-8:]}".replace("-", "_")
+    await _pg_admin(f'DROP DATABASE IF EXISTS "{name}"')
+    await _pg_admin(f'CREATE DATABASE "{name}"')
+    try:
+        _migrate_concurrently(pg_url(name), tmp_path)
+        db = Database(Settings(database_url=pg_url(name), dev_secret=DEV_SECRET))
+        try:
+            await check_schema(db)
+        finally:
+            await db.dispose()
+    finally:
+        await _pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+
+
+async def test_concurrent_migrations_sqlite(tmp_path: Path) -> None:
+    url = f"sqlite+aiosqlite:///{tmp_path / 'fresh.db'}"
+    _migrate_concurrently(url, tmp_path)
+    db = Database(Settings(database_url=url, dev_secret=DEV_SECRET))
+    try:
+        await check_schema(db)
+    finally:
+        await db.dispose()
+
+
+def test_worker_refuses_unmigrated_database(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "TREADLE_DATABASE_URL": f"sqlite+aiosqlite:///{tmp_path / 'empty.db'}",
+        "TREADLE_DATA_DIR": str(tmp_path),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "worker", "--handlers", "examples.orders"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2
+    assert b"refusing to start" in proc.stderr
+    assert b"treadle migrate" in proc.stderr
