@@ -200,8 +200,9 @@ class Worker:
             if active is not None and active.lost:
                 self.stats.lease_lost += 1
                 rlog.warning("lease lost; execution stopped")
-            else:
-                await asyncio.shield(self._release(run_id, fence))
+            # Fenced, so harmless if the lease is really gone; if we still hold it, the
+            # run is claimable again at once instead of waiting for the lease to expire.
+            await asyncio.shield(self._release(run_id, fence))
         except Exception:  # noqa: BLE001
             # An engine bug must not kill the worker; the lease expires and another
             # worker retries the run.
@@ -287,10 +288,11 @@ class Worker:
         """Give a run back at once (drain): another worker may claim it immediately."""
         try:
             async with self.db.write() as conn:
-                await steps_q.reset_interrupted(conn, run_id)
+                # Fenced first: if the lease is gone this raises and nothing is touched.
                 await runs_q.release_run(
                     conn, run_id=run_id, fence=fence, status=RunStatus.QUEUED, delay=0.0
                 )
+                await steps_q.reset_interrupted(conn, run_id)
             self.stats.released += 1
         except LeaseLost:
             pass
@@ -303,22 +305,29 @@ class Worker:
         interval = self.settings.heartbeat_interval_seconds
         while True:
             await asyncio.sleep(interval)
+            # Only runs we were executing before the statement started can be judged by
+            # its result: a run claimed concurrently may be missing from it.
+            before = {run_id: a.fence for run_id, a in self._active.items()}
             try:
                 async with self.db.write() as conn:
                     held = await runs_q.renew_leases(
-                        conn, worker_id=self.worker_id, lease_ttl=self.settings.lease_ttl_seconds
+                        conn,
+                        worker_id=self.worker_id,
+                        run_ids=list(before),
+                        lease_ttl=self.settings.lease_ttl_seconds,
                     )
                     await defs_q.touch_worker(conn, self.worker_id)
             except Exception as exc:  # noqa: BLE001 - keep trying; leases may expire
                 self.log.warning("heartbeat failed", error=str(exc)[:300])
                 if time.monotonic() - self._last_heartbeat_ok > self.settings.lease_ttl_seconds:
                     # Our leases have expired by now: stop work others may have taken.
-                    for active in list(self._active.values()):
-                        self._lose(active)
+                    for expired in list(self._active.values()):
+                        self._lose(expired)
                 continue
             self._last_heartbeat_ok = time.monotonic()
-            for run_id, active in list(self._active.items()):
-                if held.get(run_id) != active.fence:
+            for run_id, fence in before.items():
+                active = self._active.get(run_id)
+                if active is not None and active.fence == fence and held.get(run_id) != fence:
                     self._lose(active)
 
     def _lose(self, active: _Active) -> None:

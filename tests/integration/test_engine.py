@@ -275,3 +275,23 @@ async def test_other_tenant_cannot_see_run(settings: Settings, db: Database) -> 
         assert (await conn.execute(select(func.count()).select_from(dead_letters))).scalar() == 0
         row = await runs_q.get_run(conn, TENANT, run_id)
     assert row["status"] == "queued"
+
+
+async def test_heartbeat_renews_only_runs_being_executed(settings: Settings, db: Database) -> None:
+    first = await submit(db, settings, "it-sum", a=1, b=2)
+    second = await submit(db, settings, "it-sum", a=3, b=4)
+    async with db.write() as conn:
+        claimed = await runs_q.claim_runs(
+            conn, worker_id="w1", definition_keys=REGISTRY.keys, limit=10, lease_ttl=60
+        )
+    assert {r["run_id"] for r in claimed} == {first, second}
+    fences = {r["run_id"]: r["fence"] for r in claimed}
+    async with db.write() as conn:
+        held = await runs_q.renew_leases(conn, worker_id="w1", run_ids=[first], lease_ttl=120)
+        assert held == {first: fences[first]}
+        # Another worker's id renews nothing.
+        assert await runs_q.renew_leases(conn, worker_id="w2", run_ids=[second], lease_ttl=1) == {}
+    async with db.read() as conn:
+        a = await runs_q.get_run(conn, TENANT, first)
+        b = await runs_q.get_run(conn, TENANT, second)
+    assert a["lease_expires_at"] > b["lease_expires_at"]

@@ -113,14 +113,14 @@ def test_workflow_decorator_validates_definition() -> None:
         workflow("bad name!")
     with pytest.raises(TypeError, match="async"):
 
-        @workflow("sync-body")
-        def body(ctx: WorkflowContext, i: In) -> int:  # type: ignore[arg-type]
+        @workflow("sync-body")  # type: ignore[arg-type]
+        def body(ctx: WorkflowContext, i: In) -> int:
             return 1
 
     with pytest.raises(TypeError, match="BaseModel"):
 
-        @workflow("untyped")
-        async def untyped(ctx: WorkflowContext, i: int) -> int:  # type: ignore[type-var]
+        @workflow("untyped")  # type: ignore[type-var]
+        async def untyped(ctx: WorkflowContext, i: int) -> int:
             return i
 
     @workflow("fine", version=3)

@@ -179,19 +179,26 @@ async def claim_runs(
 
 
 async def renew_leases(
-    conn: AsyncConnection, *, worker_id: str, lease_ttl: float
+    conn: AsyncConnection, *, worker_id: str, run_ids: Sequence[uuid.UUID], lease_ttl: float
 ) -> dict[uuid.UUID, int]:
-    """Extend every lease this worker still holds; return ``{run_id: fence}`` held.
+    """Extend the leases of the runs this worker is executing; return ``{run_id: fence}``.
 
     Why one statement per worker rather than per run: a heartbeat costs one round trip
-    whatever the concurrency. A run missing from the result was cancelled or taken over:
-    the caller stops executing it.
+    whatever the concurrency. Only ``run_ids`` (runs still being executed) are renewed, so
+    a run the worker abandoned lets its lease expire. A run missing from the result was
+    cancelled or taken over: the caller stops executing it.
     """
+    if not run_ids:
+        return {}
     dialect = _dialect(conn)
     lease_until = now_plus(dialect, lease_ttl)
     stmt = (
         update(runs)
-        .where(runs.c.lease_owner == worker_id, runs.c.status == RunStatus.RUNNING.value)
+        .where(
+            runs.c.run_id.in_(list(run_ids)),
+            runs.c.lease_owner == worker_id,
+            runs.c.status == RunStatus.RUNNING.value,
+        )
         .values(lease_expires_at=lease_until, available_at=lease_until)
         .returning(runs.c.run_id, runs.c.fence)
     )
