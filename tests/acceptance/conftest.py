@@ -49,14 +49,16 @@ class Stack:
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
 
-    def _spawn(self, args: list[str], name: str) -> subprocess.Popen[bytes]:
+    def _spawn(
+        self, args: list[str], name: str, extra_env: dict[str, str] | None = None
+    ) -> subprocess.Popen[bytes]:
         log = self.tmp / f"{name}-{len(self.logs)}.log"
         self.logs.append(log)
         with log.open("wb") as out:
             return subprocess.Popen(
                 [sys.executable, "-m", "app.cli.main", *args],
                 cwd=ROOT,
-                env=self.env,
+                env={**self.env, **(extra_env or {})},
                 stdout=out,
                 stderr=subprocess.STDOUT,
             )
@@ -78,10 +80,16 @@ class Stack:
         wait_for_sync(ready, timeout=30, what="API ready")
 
     def start_worker(
-        self, handlers: str = "tests.acceptance.handlers", concurrency: int = 8
+        self,
+        handlers: str = "tests.acceptance.handlers",
+        concurrency: int = 8,
+        extra_env: dict[str, str] | None = None,
     ) -> subprocess.Popen[bytes]:
+        """Start a worker subprocess and wait until it has registered."""
         proc = self._spawn(
-            ["worker", "--handlers", handlers, "--concurrency", str(concurrency)], "worker"
+            ["worker", "--handlers", handlers, "--concurrency", str(concurrency)],
+            "worker",
+            extra_env,
         )
         self.workers.append(proc)
 
