@@ -59,10 +59,15 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class Suspended:
-    """The run must wait; claimable again after ``delay`` seconds (DB time)."""
+    """The run must wait; claimable again after ``delay`` seconds (DB time).
+
+    ``waiting_kind`` / ``waiting_name`` say on what (e.g. ``retry`` of step ``charge``).
+    """
 
     status: RunStatus
     delay: float
+    waiting_kind: str | None = None
+    waiting_name: str | None = None
 
 
 Outcome = Completed | Failed | Suspended
@@ -136,7 +141,7 @@ class RunExecution:
         self._db_now_at_claim: datetime = run["updated_at"]
         self._mono_at_claim = time.monotonic()
         self._active = 0
-        self._suspends: list[float] = []
+        self._suspends: list[tuple[float, str]] = []
         self._ready = asyncio.Event()
         self.nondeterminism: NondeterminismError | None = None
         self.failure: Failed | None = None
@@ -190,7 +195,8 @@ class RunExecution:
         if self.failure is not None:
             return self.failure
         if self._suspends:
-            return Suspended(RunStatus.RETRYING, min(self._suspends))
+            delay, step_id = min(self._suspends)
+            return Suspended(RunStatus.RETRYING, delay, "retry", step_id)
         if body.cancelled():
             raise asyncio.CancelledError()
         escaped = body.exception()
@@ -227,13 +233,13 @@ class RunExecution:
         if self._suspends and self._active == 0:
             self._ready.set()
 
-    async def suspend(self, delay: float) -> typing.NoReturn:
-        """Ask to release the run for ``delay`` seconds; never returns.
+    async def suspend(self, delay: float, step_id: str) -> typing.NoReturn:
+        """Ask to release the run for ``delay`` seconds (``step_id`` waits); never returns.
 
         The run is released once no other step of this execution is mid-attempt, so
         parallel branches checkpoint what they are doing first.
         """
-        self._suspends.append(delay)
+        self._suspends.append((delay, step_id))
         self._check_ready()
         # Park this branch; the executor cancels the body once every branch is idle.
         await asyncio.get_running_loop().create_future()
@@ -289,7 +295,7 @@ class RunExecution:
             if due is not None:
                 remaining = (due - self.db_now()).total_seconds()
                 if remaining > self.settings.inline_retry_max_seconds:
-                    await self.suspend(remaining)
+                    await self.suspend(remaining, step_id)
                 if remaining > 0:
                     await asyncio.sleep(remaining)
             attempt += 1

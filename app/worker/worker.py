@@ -158,6 +158,8 @@ class Worker:
                                 lease_ttl=self.settings.lease_ttl_seconds,
                             )
                         )
+                        if rows:
+                            await events_q.append_claims(conn, rows, worker_id=self.worker_id)
                 except Exception as exc:  # noqa: BLE001 - DB down: keep polling, never die
                     self.log.warning("claim failed", error=str(exc)[:300])
                 for row in rows:
@@ -274,13 +276,20 @@ class Worker:
                     fence=fence,
                     status=outcome.status,
                     delay=outcome.delay,
+                    waiting_kind=outcome.waiting_kind,
+                    waiting_name=outcome.waiting_name,
                 )
                 await events_q.append(
                     conn,
                     run_id=run_id,
                     tenant_id=tenant_id,
                     kind=EventKind.RUN_RELEASED,
-                    data={"status": outcome.status.value, "resume_in_seconds": outcome.delay},
+                    data={
+                        "status": outcome.status.value,
+                        "resume_in_seconds": outcome.delay,
+                        "waiting_on": outcome.waiting_kind,
+                        "step_id": outcome.waiting_name,
+                    },
                 )
                 self.stats.suspended += 1
 

@@ -295,3 +295,27 @@ async def test_heartbeat_renews_only_runs_being_executed(settings: Settings, db:
         a = await runs_q.get_run(conn, TENANT, first)
         b = await runs_q.get_run(conn, TENANT, second)
     assert a["lease_expires_at"] > b["lease_expires_at"]
+
+
+async def test_long_retry_releases_the_run_until_due(
+    database_url: str, tmp_path: Any, db: Database
+) -> None:
+    from app.db.queries import events as events_q
+    from tests.conftest import make_settings
+
+    calls.clear()
+    n = next(_ids)
+    # Every retry is "long": the run is released and re-claimed instead of waiting inline.
+    settings = make_settings(database_url, tmp_path, inline_retry_max_seconds=0.0)
+    run_id = await submit(db, settings, "it-retry", a=5, b=n)
+    async with running_worker(settings, db):
+        row = await finished(db, run_id)
+    assert (row["status"], row["output"]) == ("completed", '"ok after 3"')
+    assert calls[f"retry-{n}"] == 3
+    assert row["attempt"] == 3  # claimed once per attempt
+    async with db.read() as conn:
+        events = await events_q.list_events(conn, run_id, after_id=None, limit=100)
+    released = [e for e in events if e["kind"] == "run_released"]
+    assert len(released) == 2
+    assert all('"waiting_on":"retry"' in e["data"] for e in released)
+    assert sum(e["kind"] == "run_claimed" for e in events) == 3

@@ -47,3 +47,27 @@ async def list_events(
     if after_id is not None:
         stmt = stmt.where(events.c.event_id > after_id)
     return (await conn.execute(stmt.order_by(events.c.event_id).limit(limit))).mappings().all()
+
+
+async def append_claims(
+    conn: AsyncConnection, claimed: Sequence[RowMapping], *, worker_id: str
+) -> None:
+    """Record ``run_claimed`` for a batch of claimed runs in one multi-row INSERT."""
+    # ``updated_at`` of a freshly claimed row is the database clock at claim time.
+    await conn.execute(
+        insert(events),
+        [
+            {
+                "run_id": row["run_id"],
+                "tenant_id": row["tenant_id"],
+                "at": row["updated_at"],
+                "kind": EventKind.RUN_CLAIMED.value,
+                "step_id": None,
+                "actor": None,
+                "data": json.dumps(
+                    {"worker_id": worker_id, "attempt": row["attempt"], "fence": row["fence"]}
+                ),
+            }
+            for row in claimed
+        ],
+    )
