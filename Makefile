@@ -1,5 +1,5 @@
 # One task runner for humans and CI. `make dev` runs the service; `make test` runs everything.
-.PHONY: dev test lint fmt openapi check-openapi bench install
+.PHONY: dev test lint fmt openapi install
 
 install:
 	scripts/bootstrap

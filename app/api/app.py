@@ -129,6 +129,14 @@ def create_app(
     app.include_router(workflows.router)
     app.include_router(health.router)
     app.add_middleware(BodyLimit, limit=settings.max_payload_bytes + _ENVELOPE_BYTES)
+    generate = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = problems.problem_media_type(generate())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
     return app
 
 

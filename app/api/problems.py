@@ -30,6 +30,39 @@ _STATUS: list[tuple[type[errors.TreadleError], int]] = [
     (errors.SchemaVersionMismatch, 503),
 ]
 
+
+def _problem_doc(description: str) -> dict[str, Any]:
+    # "model" registers the Problem schema; create_app re-labels the media type.
+    from app.api.schemas import Problem
+
+    return {"model": Problem, "description": description}
+
+
+PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
+    400: _problem_doc("Malformed request"),
+    401: _problem_doc("Missing or invalid token"),
+    403: _problem_doc("Missing scope"),
+    404: _problem_doc("Not found (for this tenant)"),
+    422: _problem_doc("Invalid request"),
+}
+"""OpenAPI ``responses=`` shared by every authenticated route."""
+
+
+def problem_media_type(schema: dict[str, Any]) -> dict[str, Any]:
+    """Declare every 4xx/5xx JSON body of an OpenAPI document as ``application/problem+json``.
+
+    FastAPI documents ``responses={…: {"model": Problem}}`` as ``application/json``; the
+    server sends RFC 9457 problems, so generated SDKs must see the real media type.
+    """
+    for item in schema.get("paths", {}).values():
+        for op in item.values():
+            for status, response in op.get("responses", {}).items():
+                content = response.get("content", {})
+                if str(status)[0] in "45" and "application/json" in content:
+                    response["content"] = {PROBLEM_JSON: content["application/json"]}
+    return schema
+
+
 _TITLES = {
     400: "Bad Request",
     401: "Unauthorized",
@@ -63,13 +96,14 @@ def problem(
     **extra: Any,
 ) -> JSONResponse:
     """Build a problem+json response; ``type`` is ``urn:treadle:problem:<code>``."""
+    # Standard members win over error data that happens to reuse a name.
     body: dict[str, Any] = {
+        **extra,
         "type": f"urn:treadle:problem:{code}",
         "title": _TITLES.get(status, "Error"),
         "status": status,
         "detail": detail,
         "code": code,
-        **extra,
     }
     if instance is not None:
         body["instance"] = instance

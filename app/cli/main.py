@@ -41,8 +41,21 @@ def _run(coro: Any) -> None:
         asyncio.run(coro)
     except SchemaVersionMismatch as exc:
         _fail(f"refusing to start: {exc.detail}")
+    except OSError as exc:
+        _fail(f"cannot reach the database: {exc}")
     except KeyboardInterrupt:
         pass
+
+
+async def _require_schema(settings: Settings) -> None:
+    from app.db.database import Database
+    from app.db.migrations import check_schema
+
+    db = Database(settings)
+    try:
+        await check_schema(db)
+    finally:
+        await db.dispose()
 
 
 @app.command()
@@ -68,6 +81,7 @@ def serve(
 
     settings = load_settings(host=host, port=port)
     configure_logging(settings)
+    _run(_require_schema(settings))  # a clear one-line refusal instead of a lifespan traceback
     api = create_app(settings)
     uvicorn.run(api, host=settings.host, port=settings.port, log_level="warning", access_log=False)
 

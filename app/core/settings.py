@@ -14,7 +14,6 @@ from pydantic import Field, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path(".treadle")
-DEFAULT_DATABASE_URL = "sqlite+aiosqlite:///./.treadle/treadle.db"
 
 
 class AuthMode(StrEnum):
@@ -44,8 +43,9 @@ class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="TREADLE_", extra="ignore", frozen=True)
 
     database_url: str = Field(
-        default=DEFAULT_DATABASE_URL,
-        description="SQLAlchemy async URL: postgresql+asyncpg://… or sqlite+aiosqlite:///path.",
+        default="",
+        description="SQLAlchemy async URL: postgresql+asyncpg://… or sqlite+aiosqlite:///path; "
+        "default: SQLite at <data_dir>/treadle.db.",
     )
     db_pool_size: int = Field(default=10, ge=1, le=200, description="Connections per process.")
     db_statement_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
@@ -80,6 +80,15 @@ class Settings(BaseSettings):
     port: int = Field(default=8000, ge=1, le=65535)
     log_format: LogFormat = LogFormat.CONSOLE
     log_level: str = "INFO"
+
+    @model_validator(mode="after")
+    def _default_database(self) -> Self:
+        if not self.database_url:
+            # Frozen model: set once, during validation.
+            object.__setattr__(
+                self, "database_url", f"sqlite+aiosqlite:///{self.data_dir / 'treadle.db'}"
+            )
+        return self
 
     @model_validator(mode="after")
     def _check_lease_timing(self) -> Self:
@@ -120,7 +129,7 @@ def format_settings_error(exc: Exception) -> str:
         loc = [str(p) for p in err.get("loc", ())]
         name = "TREADLE_" + loc[0].upper() if loc else "settings"
         msg = err.get("msg", "invalid")
-        if "input" in err and loc:
+        if "input" in err and loc and "secret" not in loc[0]:
             lines.append(f"{name}: {msg} (got {err['input']!r})")
         else:
             lines.append(f"{name}: {msg}" if loc else msg)

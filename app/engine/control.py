@@ -46,6 +46,6 @@ async def cancel(
         raise RunFinished(
             f"run {run_id} already finished with status {row['status']!r}",
             run_id=str(run_id),
-            status=row["status"],
+            run_status=row["status"],
         )
     return row

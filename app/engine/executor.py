@@ -12,6 +12,7 @@ See docs/adr/0003-replay-model.md.
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import time
 import traceback
@@ -87,7 +88,14 @@ def error_info(exc: BaseException, **extra: Any) -> dict[str, Any]:
 
 
 def _qualname(fn: Callable[..., Any]) -> str:
-    return getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None) or repr(fn)
+    # functools.partial and similar wrappers: name the wrapped function, never repr()
+    # (it embeds a memory address, which would differ on replay in another process).
+    while isinstance(fn, functools.partial):
+        fn = fn.func
+    name = getattr(fn, "__qualname__", None) or getattr(fn, "__name__", None)
+    if name is None:
+        raise TypeError(f"cannot name step function {fn!r}; pass name=")
+    return str(name)
 
 
 _adapters: dict[Callable[..., Any], TypeAdapter[Any]] = {}
@@ -143,6 +151,8 @@ class RunExecution:
         self._active = 0
         self._suspends: list[tuple[float, str]] = []
         self._ready = asyncio.Event()
+        # Tasks currently inside run_step (gather wraps each ctx.step in its own task).
+        self._step_tasks: set[asyncio.Task[Any]] = set()
         self.nondeterminism: NondeterminismError | None = None
         self.failure: Failed | None = None
 
@@ -188,8 +198,12 @@ class RunExecution:
             ready.cancel()
             if not body.done():
                 body.cancel()
-            # Wait for the body to unwind so no step coroutine outlives the lease.
-            await asyncio.gather(body, return_exceptions=True)
+            # A branch may still be running after a sibling's error ended the body (gather
+            # does not cancel siblings): stop it, so no step outlives this execution.
+            leftovers = [t for t in self._step_tasks if t is not body and not t.done()]
+            for task in leftovers:
+                task.cancel()
+            await asyncio.gather(body, *leftovers, return_exceptions=True)
         if self.nondeterminism is not None:
             return Failed(RunReason.FAILURE_NONDETERMINISM, error_info(self.nondeterminism))
         if self.failure is not None:
@@ -259,6 +273,34 @@ class RunExecution:
         entry: RowMapping | None,
     ) -> Any:
         """Return a journaled result or execute the step's attempts (see ``ctx.step``)."""
+        task = asyncio.current_task()
+        if task is not None:
+            self._step_tasks.add(task)
+        try:
+            return await self._run_step(
+                step_id=step_id,
+                seq=seq,
+                fn=fn,
+                args=args,
+                retry=retry,
+                timeout=timeout,
+                entry=entry,
+            )
+        finally:
+            if task is not None:
+                self._step_tasks.discard(task)
+
+    async def _run_step(
+        self,
+        *,
+        step_id: str,
+        seq: int,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        retry: RetryPolicy,
+        timeout: float | None,
+        entry: RowMapping | None,
+    ) -> Any:
         adapter = _output_adapter(fn)
         name = _qualname(fn)
         attempt = 0
@@ -286,10 +328,15 @@ class RunExecution:
                     step_id, StepStatus.FAILED, RunReason.FAILURE_ATTEMPTS_EXHAUSTED, lost, attempt
                 )
         elif seq >= self.settings.max_steps_per_run:
-            raise CeilingExceeded(
+            ceiling = CeilingExceeded(
                 f"run reached TREADLE_MAX_STEPS_PER_RUN={self.settings.max_steps_per_run}",
                 ceiling="max_steps_per_run",
             )
+            # Recorded on the execution, so workflow code catching the error cannot go on.
+            self.failure = Failed(
+                RunReason.FAILURE_NON_RETRYABLE, error_info(ceiling, **ceiling.data)
+            )
+            raise ceiling
 
         while True:
             if due is not None:
@@ -376,7 +423,9 @@ class RunExecution:
             _current_step.reset(token)
 
         try:
-            payload = adapter.dump_python(value, mode="json")
+            # Validate before the checkpoint: a result of the wrong type is a bug in the
+            # step, recorded as a failure instead of a journal entry replay cannot read.
+            payload = adapter.dump_python(adapter.validate_python(value), mode="json")
             text = json.dumps_limited(payload, self.settings.max_payload_bytes, "step output")
         except (PayloadTooLarge, ValueError, TypeError) as exc:
             await self._finish_step_failed(

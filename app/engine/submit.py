@@ -139,7 +139,13 @@ class Submitter:
             PayloadTooLarge: encoded input over ``TREADLE_MAX_PAYLOAD_BYTES`` (413).
             IdempotencyConflict: the key was used for a different request (409).
         """
-        input_text = json.dumps_limited(request.input, self.settings.max_payload_bytes, "input")
+        try:
+            input_text = json.dumps_limited(request.input, self.settings.max_payload_bytes, "input")
+        except ValueError as exc:  # NaN / Infinity: accepted by Python, not valid JSON
+            raise InvalidInput(
+                "input contains NaN or Infinity, which JSON does not allow",
+                errors=[{"path": "$", "message": str(exc)}],
+            ) from exc
         definition = await self._definition(request.workflow, request.version)
         errors = sorted(definition.validator.iter_errors(request.input), key=lambda e: list(e.path))
         if errors:

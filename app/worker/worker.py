@@ -204,7 +204,7 @@ class Worker:
                 rlog.warning("lease lost; execution stopped")
             # Fenced, so harmless if the lease is really gone; if we still hold it, the
             # run is claimable again at once instead of waiting for the lease to expire.
-            await asyncio.shield(self._release(run_id, fence))
+            await asyncio.shield(self._release(run_id, row["tenant_id"], fence))
         except Exception:  # noqa: BLE001
             # An engine bug must not kill the worker; the lease expires and another
             # worker retries the run.
@@ -242,6 +242,8 @@ class Worker:
                     output=None,
                     error=error_text,
                 )
+                # Branches still mid-attempt when the body failed were cancelled.
+                await steps_q.cancel_running(conn, run_id)
                 dl_id = await dl_q.insert_dead_letter(
                     conn,
                     run_id=run_id,
@@ -293,7 +295,7 @@ class Worker:
                 )
                 self.stats.suspended += 1
 
-    async def _release(self, run_id: uuid.UUID, fence: int) -> None:
+    async def _release(self, run_id: uuid.UUID, tenant_id: str, fence: int) -> None:
         """Give a run back at once (drain): another worker may claim it immediately."""
         try:
             async with self.db.write() as conn:
@@ -302,6 +304,13 @@ class Worker:
                     conn, run_id=run_id, fence=fence, status=RunStatus.QUEUED, delay=0.0
                 )
                 await steps_q.reset_interrupted(conn, run_id)
+                await events_q.append(
+                    conn,
+                    run_id=run_id,
+                    tenant_id=tenant_id,
+                    kind=EventKind.RUN_RELEASED,
+                    data={"status": RunStatus.QUEUED.value, "why": "worker draining"},
+                )
             self.stats.released += 1
         except LeaseLost:
             pass

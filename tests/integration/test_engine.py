@@ -118,7 +118,36 @@ async def timeout_flow(ctx: WorkflowContext, n: Numbers) -> None:
     await ctx.step(asyncio.sleep, 5, timeout=0.05, retry=RetryPolicy(max_attempts=2, delay=0.01))
 
 
-REGISTRY = Registry([sum_flow, retry_flow, permanent_flow, slow_flow, parallel_flow, timeout_flow])
+async def never_finishes(key: str) -> None:
+    gates[key].set()
+    await asyncio.Event().wait()
+
+
+async def wait_then_fail(key: str) -> None:
+    await gates[key].wait()
+    raise Permanent(RuntimeError("boom"))
+
+
+@workflow("it-branch-fails")
+async def branch_fails_flow(ctx: WorkflowContext, n: Numbers) -> None:
+    key = f"bf-{n.a}"
+    await asyncio.gather(
+        ctx.step(never_finishes, key, name="slow"),
+        ctx.step(wait_then_fail, key, name="fail", retry=RetryPolicy(max_attempts=1)),
+    )
+
+
+REGISTRY = Registry(
+    [
+        sum_flow,
+        retry_flow,
+        permanent_flow,
+        slow_flow,
+        parallel_flow,
+        timeout_flow,
+        branch_fails_flow,
+    ]
+)
 _ids = itertools.count()
 
 
@@ -319,3 +348,16 @@ async def test_long_retry_releases_the_run_until_due(
     assert len(released) == 2
     assert all('"waiting_on":"retry"' in e["data"] for e in released)
     assert sum(e["kind"] == "run_claimed" for e in events) == 3
+
+
+async def test_failed_branch_cancels_its_sibling(settings: Settings, db: Database) -> None:
+    n = next(_ids)
+    gates[f"bf-{n}"] = asyncio.Event()
+    run_id = await submit(db, settings, "it-branch-fails", a=n, b=0)
+    async with running_worker(settings, db) as worker:
+        row = await finished(db, run_id)
+        await wait_for(lambda: _no_active(worker), timeout=10, what="execution over")
+    assert (row["status"], row["reason"]) == ("failed", "failure_non_retryable")
+    async with db.read() as conn:
+        statuses = dict((await conn.execute(select(steps.c.step_id, steps.c.status))).all())
+    assert statuses == {"slow": "cancelled", "fail": "failed"}

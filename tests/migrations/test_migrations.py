@@ -112,3 +112,23 @@ def test_worker_refuses_unmigrated_database(tmp_path: Path) -> None:
     assert proc.returncode == 2
     assert b"refusing to start" in proc.stderr
     assert b"treadle migrate" in proc.stderr
+
+
+def test_serve_refuses_unmigrated_database(tmp_path: Path) -> None:
+    env = {
+        **os.environ,
+        "TREADLE_DATA_DIR": str(tmp_path),  # default database: <data_dir>/treadle.db
+        "TREADLE_DEV_SECRET": DEV_SECRET,
+    }
+    env.pop("TREADLE_DATABASE_URL", None)
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "serve", "--port", "1"],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 2, proc.stderr
+    assert b"refusing to start" in proc.stderr
+    assert (tmp_path / "treadle.db").exists()

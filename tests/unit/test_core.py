@@ -130,3 +130,18 @@ def test_workflow_decorator_validates_definition() -> None:
     assert (fine.name, fine.version, fine.key) == ("fine", "3", "fine@3")
     assert fine.input_schema["properties"]["x"]["type"] == "integer"
     assert fine.output_schema == {"type": "integer"}
+
+
+def test_default_database_follows_data_dir(tmp_path: object) -> None:
+    settings = Settings(data_dir=f"{tmp_path}/state")
+    assert settings.database_url == f"sqlite+aiosqlite:///{tmp_path}/state/treadle.db"
+    assert Settings(database_url="postgresql+asyncpg://x/y").database_url.startswith("postgres")
+
+
+def test_invalid_secret_is_not_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("TREADLE_DEV_SECRET", "short-secret")
+    with pytest.raises(Exception) as err:
+        Settings()
+    message = format_settings_error(err.value)
+    assert "TREADLE_DEV_SECRET" in message
+    assert "short-secret" not in message

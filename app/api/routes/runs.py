@@ -14,6 +14,7 @@ from fastapi.responses import PlainTextResponse
 from app.api import schemas
 from app.api.deps import DB, RunsCancel, RunsRead, RunsWrite, SubmitterDep
 from app.api.pagination import decode_token, encode_token
+from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
 from app.api.views import dead_letter_view, event_view, render_report_text, run_view, step_view
 from app.auth.principal import Principal
 from app.core.errors import BadRequest, RunNotFound
@@ -27,17 +28,6 @@ from app.engine import control
 from app.engine.submit import SubmitRequest
 
 router = APIRouter(prefix="/runs", tags=["runs"])
-
-_PROBLEMS: dict[int | str, dict[str, Any]] = {
-    code: {"model": schemas.Problem, "description": desc}
-    for code, desc in {
-        400: "Malformed request",
-        401: "Missing or invalid token",
-        403: "Missing scope",
-        404: "Not found (for this tenant)",
-        422: "Invalid request",
-    }.items()
-}
 
 ReportFormat = Literal["json", "text"]
 
@@ -292,7 +282,8 @@ async def get_run_report(
     """The operator's report: run, steps, timeline and dead letters.
 
     JSON by default; ``Accept: text/plain`` or ``?format=text`` gives four readable
-    sections for ``curl``. ``events_limit`` bounds the timeline (the latest are kept).
+    sections for ``curl``. ``events_limit`` bounds the timeline to its first N events
+    (``events_truncated`` says when more exist; page through ``/events`` for the rest).
     """
     rid = parse_run_id(run_id)
     async with db.read() as conn:

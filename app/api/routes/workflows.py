@@ -6,13 +6,19 @@ from fastapi import APIRouter
 
 from app.api import schemas
 from app.api.deps import DB, RunsRead, SettingsDep
+from app.api.problems import PROBLEM_RESPONSES
 from app.core import json
 from app.db.queries import definitions as defs_q
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])
 
 
-@router.get("", operation_id="list_workflows", response_model=schemas.WorkflowList)
+@router.get(
+    "",
+    operation_id="list_workflows",
+    response_model=schemas.WorkflowList,
+    responses={k: v for k, v in PROBLEM_RESPONSES.items() if k in (401, 403)},
+)
 async def list_workflows(_: RunsRead, db: DB, settings: SettingsDep) -> schemas.WorkflowList:
     """Every registered workflow with its versions, JSON Schemas and live workers.
 

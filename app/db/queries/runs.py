@@ -346,25 +346,6 @@ async def cancel_run(conn: AsyncConnection, *, run_id: uuid.UUID, tenant_id: str
     return (await conn.execute(stmt)).rowcount == 1
 
 
-async def release_all_for_worker(conn: AsyncConnection, *, worker_id: str) -> int:
-    """Release every lease a stopping worker still holds so others claim at once."""
-    dialect = _dialect(conn)
-    now = now_expr(dialect)
-    stmt = (
-        update(runs)
-        .where(runs.c.lease_owner == worker_id, runs.c.status == RunStatus.RUNNING.value)
-        .values(
-            status=RunStatus.QUEUED.value,
-            fence=runs.c.fence + 1,
-            lease_owner=None,
-            lease_expires_at=None,
-            available_at=now,
-            updated_at=now,
-        )
-    )
-    return (await conn.execute(stmt)).rowcount
-
-
 async def count_by_status(conn: AsyncConnection) -> dict[str, int]:
     """Return ``{status: count}`` over all runs (metrics)."""
     rows = (await conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status))).all()
