@@ -35,12 +35,8 @@ def upgrade() -> None:
         sa.Column("idempotency_key", sa.String(length=255), nullable=True),
         sa.Column("request_hash", sa.String(length=64), nullable=True),
         sa.Column("concurrency_key", sa.String(length=255), nullable=True),
-        sa.Column(
-            "priority", sa.Integer(), server_default=sa.text("0"), nullable=False
-        ),
-        sa.Column(
-            "fence", sa.BigInteger(), server_default=sa.text("0"), nullable=False
-        ),
+        sa.Column("priority", sa.Integer(), server_default=sa.text("0"), nullable=False),
+        sa.Column("fence", sa.BigInteger(), server_default=sa.text("0"), nullable=False),
         sa.Column("attempt", sa.Integer(), server_default=sa.text("0"), nullable=False),
         sa.Column("lease_owner", sa.String(length=200), nullable=True),
         sa.Column("lease_expires_at", app.db.types.UtcDateTime(), nullable=True),
@@ -77,9 +73,7 @@ def upgrade() -> None:
             postgresql_where=sa.text("lease_owner IS NOT NULL"),
             sqlite_where=sa.text("lease_owner IS NOT NULL"),
         )
-        batch_op.create_index(
-            "ix_runs_tenant_id_run_id", ["tenant_id", "run_id"], unique=False
-        )
+        batch_op.create_index("ix_runs_tenant_id_run_id", ["tenant_id", "run_id"], unique=False)
         batch_op.create_index(
             "ix_runs_tenant_id_status_run_id",
             ["tenant_id", "status", "run_id"],
@@ -112,9 +106,7 @@ def upgrade() -> None:
         sa.Column("output_schema", sa.Text(), nullable=False),
         sa.Column("first_registered_at", app.db.types.UtcDateTime(), nullable=False),
         sa.Column("last_registered_at", app.db.types.UtcDateTime(), nullable=False),
-        sa.PrimaryKeyConstraint(
-            "name", "version", name=op.f("pk_workflow_definitions")
-        ),
+        sa.PrimaryKeyConstraint("name", "version", name=op.f("pk_workflow_definitions")),
     )
     op.create_table(
         "dead_letters",
@@ -168,9 +160,7 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("event_id", name=op.f("pk_events")),
     )
     with op.batch_alter_table("events", schema=None) as batch_op:
-        batch_op.create_index(
-            "ix_events_run_id_event_id", ["run_id", "event_id"], unique=False
-        )
+        batch_op.create_index("ix_events_run_id_event_id", ["run_id", "event_id"], unique=False)
 
     op.create_table(
         "steps",

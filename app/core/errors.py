@@ -46,6 +46,18 @@ class WorkflowNotFound(NotFoundError):
     code = "workflow_not_found"
 
 
+class StepNotFound(NotFoundError):
+    """The run has no step (or approval) with this id."""
+
+    code = "step_not_found"
+
+
+class DeadLetterNotFound(NotFoundError):
+    """No dead letter with this id is visible to the caller's tenant."""
+
+    code = "dead_letter_not_found"
+
+
 class ConflictError(TreadleError):
     """The request conflicts with the current state (409)."""
 
@@ -62,6 +74,12 @@ class RunFinished(ConflictError):
     """The run is terminal and the operation needs a live run."""
 
     code = "run_finished"
+
+
+class InvalidState(ConflictError):
+    """The run or approval is not in a state that allows this operation (409)."""
+
+    code = "invalid_state"
 
 
 class InvalidInput(TreadleError):

@@ -131,6 +131,10 @@ steps = Table(
     Column("output", Text, nullable=True),
     Column("error", Text, nullable=True),
     Column("next_attempt_at", UtcDateTime, nullable=True),
+    # Waits (timer, signal, approval): when the wait times out or the timer fires, and the
+    # wait's settings as JSON text (approval group, approvals needed, …).
+    Column("deadline", UtcDateTime, nullable=True),
+    Column("detail", Text, nullable=True),
     Column("created_at", UtcDateTime, nullable=False),
     Column("started_at", UtcDateTime, nullable=True),
     Column("finished_at", UtcDateTime, nullable=True),
@@ -170,4 +174,34 @@ dead_letters = Table(
     Column("correlation_id", String(255), nullable=True),
     Index("ix_dead_letters_tenant_id_status", "tenant_id", "status"),
     Index("ix_dead_letters_run_id", "run_id"),
+)
+
+signals = Table(
+    "signals",
+    metadata,
+    Column("signal_id", BigIntPK, primary_key=True, autoincrement=True),
+    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("tenant_id", String(128), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("payload", Text, nullable=True),
+    Column("sent_by", String(255), nullable=False),
+    Column("received_at", UtcDateTime, nullable=False),
+    # Set once, by the wait that consumed it: a signal is delivered exactly once.
+    Column("consumed_step_id", String(255), nullable=True),
+    Column("consumed_at", UtcDateTime, nullable=True),
+    Index("ix_signals_run_id_name_signal_id", "run_id", "name", "signal_id"),
+)
+
+approval_decisions = Table(
+    "approval_decisions",
+    metadata,
+    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("step_id", String(255), nullable=False),
+    Column("tenant_id", String(128), nullable=False),
+    Column("decided_by", String(255), nullable=False),
+    Column("decision", String(16), nullable=False),
+    Column("payload", Text, nullable=True),
+    Column("comment", Text, nullable=True),
+    Column("decided_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("run_id", "step_id", "decided_by"),
 )

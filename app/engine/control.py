@@ -1,17 +1,33 @@
-"""Operator controls on runs: cancel."""
+"""Operator and client controls on runs: cancel, signal, decide, requeue, resume."""
 
 from __future__ import annotations
 
 import uuid
+from typing import Any
 
-from sqlalchemy import RowMapping
+from sqlalchemy import RowMapping, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.errors import RunFinished
-from app.core.status import EventKind, RunStatus
+from app.core import json
+from app.core.errors import (
+    DeadLetterNotFound,
+    Forbidden,
+    InvalidState,
+    RunFinished,
+    StepNotFound,
+)
+from app.core.settings import Settings
+from app.core.status import EventKind, RunStatus, StepStatus
 from app.db.database import Database
+from app.db.dialect import now_expr, now_plus
+from app.db.queries import approvals as approvals_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
+from app.db.queries import signals as signals_q
 from app.db.queries import steps as steps_q
+from app.db.tables import dead_letters, runs, steps
+from app.engine.submit import notify
+from app.engine.waits import resolve_decisions
 
 
 async def cancel(
@@ -49,3 +65,316 @@ async def cancel(
             run_status=row["status"],
         )
     return row
+
+
+def _require_live(run: RowMapping) -> None:
+    if RunStatus(run["status"]).is_terminal:
+        raise RunFinished(
+            f"run {run['run_id']} already finished with status {run['status']!r}",
+            run_id=str(run["run_id"]),
+            run_status=run["status"],
+        )
+
+
+async def send_signal(
+    db: Database,
+    settings: Settings,
+    *,
+    tenant_id: str,
+    run_id: uuid.UUID,
+    name: str,
+    payload: Any,
+    actor: str,
+) -> int:
+    """Buffer a signal for a run and wake it if it waits on a signal.
+
+    Returns:
+        The signal id (signals of one run are consumed in id order, each once).
+
+    Raises:
+        RunNotFound: not this tenant's run (nothing recorded).
+        RunFinished: the run is terminal (409).
+        PayloadTooLarge: payload over ``TREADLE_MAX_PAYLOAD_BYTES``.
+    """
+    text = json.dumps_limited(payload, settings.max_payload_bytes, "signal payload")
+    async with db.write() as conn:
+        run = await runs_q.lock_run(conn, tenant_id, run_id)
+        _require_live(run)
+        signal_id = await signals_q.insert_signal(
+            conn, run_id=run_id, tenant_id=tenant_id, name=name, payload=text, sent_by=actor
+        )
+        await events_q.append(
+            conn,
+            run_id=run_id,
+            tenant_id=tenant_id,
+            kind=EventKind.SIGNAL_RECEIVED,
+            actor=actor,
+            data={"signal": name, "signal_id": signal_id},
+        )
+        if run["status"] == RunStatus.WAITING_SIGNAL.value:
+            await runs_q.make_due(conn, run_id=run_id)
+            await notify(conn)
+    return signal_id
+
+
+async def decide_approval(
+    db: Database,
+    settings: Settings,
+    *,
+    tenant_id: str,
+    run_id: uuid.UUID,
+    step_id: str,
+    subject: str,
+    groups: frozenset[str],
+    decision: str,
+    payload: Any,
+    comment: str | None,
+) -> dict[str, Any]:
+    """Record one approver's decision on a waiting approval and wake the run if decided.
+
+    Returns:
+        ``{"step_id", "decision", "decided_by", "resolved"}``; ``resolved`` tells whether
+        this decision settled the approval.
+
+    Raises:
+        RunNotFound: not this tenant's run.
+        StepNotFound: the run has no approval ``step_id`` (yet).
+        RunFinished: the run is terminal (409).
+        InvalidState: the approval is no longer waiting, already decided, or this
+            subject already decided it (409).
+        Forbidden: the principal is not in the approval's group, or submitted the run
+            and self-approval is not allowed (403).
+    """
+    payload_text = json.dumps_limited(payload, settings.max_payload_bytes, "approval payload")
+    async with db.write() as conn:
+        run = await runs_q.lock_run(conn, tenant_id, run_id)
+        step = (
+            (
+                await conn.execute(
+                    select(steps).where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if step is None or step["kind"] != "approval":
+            raise StepNotFound(
+                f"run {run_id} has no approval {step_id!r}", run_id=str(run_id), step_id=step_id
+            )
+        _require_live(run)
+        if step["status"] != StepStatus.WAITING.value:
+            raise InvalidState(
+                f"approval {step_id!r} is not waiting (status {step['status']!r})",
+                step_status=step["status"],
+            )
+        detail = json.loads(step["detail"]) or {}
+        group = detail.get("group")
+        if group and group not in groups:
+            raise Forbidden(
+                f"approval {step_id!r} needs a member of group {group!r}", required_group=group
+            )
+        if subject == run["created_by"] and not detail.get("self_approval", False):
+            raise Forbidden(
+                f"{subject!r} submitted this run and may not decide its approval {step_id!r}"
+            )
+        needed = int(detail.get("approvals", 1))
+        existing = list(await approvals_q.list_decisions(conn, run_id, step_id))
+        if resolve_decisions(existing, needed) is not None:
+            raise InvalidState(f"approval {step_id!r} is already decided")
+        if not await approvals_q.insert_decision(
+            conn,
+            run_id=run_id,
+            step_id=step_id,
+            tenant_id=tenant_id,
+            decided_by=subject,
+            decision=decision,
+            payload=payload_text,
+            comment=comment,
+        ):
+            raise InvalidState(f"{subject!r} already decided approval {step_id!r}")
+        await events_q.append(
+            conn,
+            run_id=run_id,
+            tenant_id=tenant_id,
+            kind=EventKind.APPROVAL_DECIDED,
+            step_id=step_id,
+            actor=subject,
+            data={"decision": decision, "comment": comment},
+        )
+        rows = list(await approvals_q.list_decisions(conn, run_id, step_id))
+        resolved = resolve_decisions(rows, needed) is not None
+        if resolved:
+            await runs_q.make_due(conn, run_id=run_id)
+            await notify(conn)
+    return {"step_id": step_id, "decision": decision, "decided_by": subject, "resolved": resolved}
+
+
+async def _reopen_failed_steps(conn: AsyncConnection, run_id: uuid.UUID) -> None:
+    dialect = conn.dialect.name
+    # Failed attempts start over; timed-out waits wait again for their original timeout.
+    await conn.execute(
+        update(steps)
+        .where(
+            steps.c.run_id == run_id,
+            steps.c.kind == "step",
+            steps.c.status.in_(
+                [StepStatus.FAILED.value, StepStatus.TIMED_OUT.value, StepStatus.CANCELLED.value]
+            ),
+        )
+        .values(status=StepStatus.PENDING.value, attempt=0, next_attempt_at=None)
+    )
+    waits = (
+        await conn.execute(
+            select(steps.c.step_id, steps.c.detail).where(
+                steps.c.run_id == run_id,
+                steps.c.kind.in_(["signal", "approval"]),
+                steps.c.status == StepStatus.TIMED_OUT.value,
+            )
+        )
+    ).all()
+    for step_id, detail in waits:
+        timeout = (json.loads(detail) or {}).get("timeout")
+        await conn.execute(
+            update(steps)
+            .where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+            .values(
+                status=StepStatus.WAITING.value,
+                deadline=None if timeout is None else now_plus(dialect, float(timeout)),
+                finished_at=None,
+                error=None,
+            )
+        )
+
+
+async def requeue_dead_letter(
+    db: Database,
+    *,
+    tenant_id: str,
+    dead_letter_id: uuid.UUID,
+    actor: str,
+    reason: str,
+    correlation_id: str | None,
+) -> RowMapping:
+    """Re-run a failed run from its failed point and mark its dead letter requeued.
+
+    Failed steps start over (attempts reset); succeeded steps are replayed from the
+    journal; timed-out waits wait again. The request is audited on the dead letter and in
+    the run's events (who, why, correlation id).
+
+    Returns:
+        The updated dead letter row.
+
+    Raises:
+        DeadLetterNotFound: not this tenant's dead letter.
+        InvalidState: already requeued, or the run is no longer failed (409).
+    """
+    async with db.write() as conn:
+        dl = (
+            (
+                await conn.execute(
+                    select(dead_letters).where(
+                        dead_letters.c.dead_letter_id == dead_letter_id,
+                        dead_letters.c.tenant_id == tenant_id,
+                    )
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if dl is None:
+            raise DeadLetterNotFound(f"dead letter {dead_letter_id} not found")
+        if dl["status"] != "pending":
+            raise InvalidState(f"dead letter {dead_letter_id} was already {dl['status']}")
+        run = await runs_q.lock_run(conn, tenant_id, dl["run_id"])
+        if run["status"] != RunStatus.FAILED.value:
+            raise InvalidState(f"run {run['run_id']} is {run['status']!r}, not failed")
+        await _reopen_failed_steps(conn, run["run_id"])
+        now = now_expr(conn.dialect.name)
+        await conn.execute(
+            update(runs)
+            .where(runs.c.run_id == run["run_id"])
+            .values(
+                status=RunStatus.QUEUED.value,
+                reason=None,
+                error=None,
+                output=None,
+                finished_at=None,
+                available_at=now,
+                updated_at=now,
+            )
+        )
+        await conn.execute(
+            update(dead_letters)
+            .where(dead_letters.c.dead_letter_id == dead_letter_id)
+            .values(
+                status="requeued",
+                requeued_at=now,
+                requeued_by=actor,
+                requeue_reason=reason,
+                correlation_id=correlation_id,
+            )
+        )
+        await events_q.append(
+            conn,
+            run_id=run["run_id"],
+            tenant_id=tenant_id,
+            kind=EventKind.DEAD_LETTER_REQUEUED,
+            actor=actor,
+            data={
+                "dead_letter_id": str(dead_letter_id),
+                "reason": reason,
+                "correlation_id": correlation_id,
+            },
+        )
+        await notify(conn)
+        row = (
+            (
+                await conn.execute(
+                    select(dead_letters).where(dead_letters.c.dead_letter_id == dead_letter_id)
+                )
+            )
+            .mappings()
+            .one()
+        )
+    return row
+
+
+async def pending_dead_letter_id(db: Database, *, tenant_id: str, run_id: uuid.UUID) -> uuid.UUID:
+    """The run's pending dead letter (for ``POST /runs/{id}/retry``).
+
+    Raises:
+        RunNotFound: not this tenant's run.
+        InvalidState: the run has no pending dead letter (it is not failed).
+    """
+    async with db.read() as conn:
+        run = await runs_q.get_run(conn, tenant_id, run_id)
+        found = (
+            await conn.execute(
+                select(dead_letters.c.dead_letter_id).where(
+                    dead_letters.c.run_id == run_id, dead_letters.c.status == "pending"
+                )
+            )
+        ).scalar()
+    if found is None:
+        raise InvalidState(f"run {run_id} is {run['status']!r}: nothing to retry")
+    return uuid.UUID(str(found))
+
+
+async def resume(db: Database, *, tenant_id: str, run_id: uuid.UUID, actor: str) -> RowMapping:
+    """Make a waiting or retrying run due now (skip the rest of a backoff, re-check waits).
+
+    Waits that are not satisfied simply suspend again; nothing is skipped.
+
+    Raises:
+        RunNotFound: not this tenant's run.
+        InvalidState: the run is not waiting (409).
+    """
+    async with db.write() as conn:
+        run = await runs_q.lock_run(conn, tenant_id, run_id)
+        if not await runs_q.make_due(conn, run_id=run_id):
+            raise InvalidState(f"run {run_id} is {run['status']!r}, not waiting")
+        await events_q.append(
+            conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_RESUMED, actor=actor
+        )
+        await notify(conn)
+        return await runs_q.get_run(conn, tenant_id, run_id)

@@ -18,7 +18,7 @@ import time
 import traceback
 import typing
 import uuid
-from collections.abc import Awaitable, Callable, Coroutine, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -37,7 +37,7 @@ from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
 from app.sdk.context import StepInfo, WorkflowContext, _current_step
 from app.sdk.errors import NondeterminismError, Permanent, StepFailed
-from app.sdk.retry import DEFAULT_RETRY, RetryPolicy
+from app.sdk.retry import RetryPolicy
 from app.sdk.workflow import WorkflowDefinition
 
 T = TypeVar("T")
@@ -58,17 +58,44 @@ class Failed:
     error: dict[str, Any]
 
 
+WakeCheck = Callable[[AsyncConnection], Awaitable[bool]]
+"""Re-checked inside the release transaction: True if the wait is already satisfied (a
+signal or decision arrived while the run was being released), so it must not sleep."""
+
+
+@dataclass(frozen=True, slots=True)
+class PendingWait:
+    """One branch's reason to release the run.
+
+    Attributes:
+        delay: seconds until it is due (DB time); None = only an external event wakes it.
+        status: the run status while waiting.
+        kind: ``retry``, ``timer``, ``signal`` or ``approval``.
+        name: what is awaited (step id, signal or approval name).
+        wake_check: see :data:`WakeCheck`.
+    """
+
+    delay: float | None
+    status: RunStatus
+    kind: str
+    name: str
+    wake_check: WakeCheck | None = None
+
+
 @dataclass(frozen=True, slots=True)
 class Suspended:
-    """The run must wait; claimable again after ``delay`` seconds (DB time).
+    """The run must wait: claimable again after ``delay`` seconds (DB time).
+
+    With ``delay`` None, only a signal or decision wakes it.
 
     ``waiting_kind`` / ``waiting_name`` say on what (e.g. ``retry`` of step ``charge``).
     """
 
     status: RunStatus
-    delay: float
+    delay: float | None
     waiting_kind: str | None = None
     waiting_name: str | None = None
+    wake_checks: tuple[WakeCheck, ...] = ()
 
 
 Outcome = Completed | Failed | Suspended
@@ -87,7 +114,8 @@ def error_info(exc: BaseException, **extra: Any) -> dict[str, Any]:
     }
 
 
-def _qualname(fn: Callable[..., Any]) -> str:
+def step_name(fn: Callable[..., Any]) -> str:
+    """The journaled name of a step function (its ``__qualname__``)."""
     # functools.partial and similar wrappers: name the wrapped function, never repr()
     # (it embeds a memory address, which would differ on replay in another process).
     while isinstance(fn, functools.partial):
@@ -149,7 +177,7 @@ class RunExecution:
         self._db_now_at_claim: datetime = run["updated_at"]
         self._mono_at_claim = time.monotonic()
         self._active = 0
-        self._suspends: list[tuple[float, str]] = []
+        self._suspends: list[PendingWait] = []
         self._ready = asyncio.Event()
         # Tasks currently inside run_step (gather wraps each ctx.step in its own task).
         self._step_tasks: set[asyncio.Task[Any]] = set()
@@ -189,6 +217,8 @@ class RunExecution:
                     ),
                 },
             )
+        from app.engine.context import ReplayContext
+
         ctx = ReplayContext(self)
         body = asyncio.create_task(self._body(ctx, input_value))
         ready = asyncio.create_task(self._ready.wait())
@@ -209,8 +239,15 @@ class RunExecution:
         if self.failure is not None:
             return self.failure
         if self._suspends:
-            delay, step_id = min(self._suspends)
-            return Suspended(RunStatus.RETRYING, delay, "retry", step_id)
+            timed = [w for w in self._suspends if w.delay is not None]
+            first = min(timed, key=lambda w: w.delay or 0.0) if timed else self._suspends[0]
+            return Suspended(
+                first.status,
+                first.delay,
+                first.kind,
+                first.name,
+                tuple(w.wake_check for w in self._suspends if w.wake_check is not None),
+            )
         if body.cancelled():
             raise asyncio.CancelledError()
         escaped = body.exception()
@@ -226,7 +263,7 @@ class RunExecution:
             return Failed(RunReason.FAILURE_NON_RETRYABLE, error_info(err))
         return Completed(text)
 
-    async def _body(self, ctx: ReplayContext, input_value: Any) -> Any:
+    async def _body(self, ctx: WorkflowContext, input_value: Any) -> Any:
         return await self.definition.fn(ctx, input_value)
 
     @staticmethod
@@ -247,13 +284,13 @@ class RunExecution:
         if self._suspends and self._active == 0:
             self._ready.set()
 
-    async def suspend(self, delay: float, step_id: str) -> typing.NoReturn:
-        """Ask to release the run for ``delay`` seconds (``step_id`` waits); never returns.
+    async def suspend(self, wait: PendingWait) -> typing.NoReturn:
+        """Ask to release the run until ``wait`` is due or woken; never returns.
 
         The run is released once no other step of this execution is mid-attempt, so
         parallel branches checkpoint what they are doing first.
         """
-        self._suspends.append((delay, step_id))
+        self._suspends.append(wait)
         self._check_ready()
         # Park this branch; the executor cancels the body once every branch is idle.
         await asyncio.get_running_loop().create_future()
@@ -302,7 +339,7 @@ class RunExecution:
         entry: RowMapping | None,
     ) -> Any:
         adapter = _output_adapter(fn)
-        name = _qualname(fn)
+        name = step_name(fn)
         attempt = 0
         due: datetime | None = None
         if entry is not None:
@@ -342,7 +379,7 @@ class RunExecution:
             if due is not None:
                 remaining = (due - self.db_now()).total_seconds()
                 if remaining > self.settings.inline_retry_max_seconds:
-                    await self.suspend(remaining, step_id)
+                    await self.suspend(PendingWait(remaining, RunStatus.RETRYING, "retry", step_id))
                 if remaining > 0:
                     await asyncio.sleep(remaining)
             attempt += 1
@@ -556,64 +593,3 @@ class RunExecution:
 @dataclass(frozen=True, slots=True)
 class _Retry:
     delay: float
-
-
-class ReplayContext(WorkflowContext):
-    """The :class:`WorkflowContext` handed to workflow bodies by :class:`RunExecution`."""
-
-    def __init__(self, execution: RunExecution) -> None:
-        self._exec = execution
-        self.run_id = execution.run_id
-        self.workflow = execution.definition.name
-        self._seq = 0
-        self._names: dict[str, int] = {}
-
-    def _step(
-        self,
-        fn: Callable[..., Any],
-        args: tuple[Any, ...],
-        *,
-        name: str | None,
-        retry: RetryPolicy | None,
-        timeout: float | None,
-    ) -> Coroutine[Any, Any, Any]:
-        if timeout is not None and timeout <= 0:
-            raise ValueError("step timeout must be > 0 seconds")
-        # Assigned synchronously, at call time: call order, never completion order.
-        seq = self._seq
-        self._seq += 1
-        base = name or _qualname(fn)
-        count = self._names.get(base, 0) + 1
-        self._names[base] = count
-        step_id = base if count == 1 else f"{base}#{count}"
-        entry = self._exec.journal.get(step_id)
-        at_seq = self._exec.journal_by_seq.get(seq)
-        fn_name = _qualname(fn)
-        mismatch: str | None = None
-        if at_seq is not None and at_seq["step_id"] != step_id:
-            mismatch = (
-                f"replay reached step {step_id!r} at position {seq}, but the journal recorded "
-                f"{at_seq['step_id']!r} there"
-            )
-        elif entry is not None and entry["name"] != fn_name:
-            mismatch = (
-                f"step {step_id!r} now calls {fn_name!r}, but the journal recorded "
-                f"{entry['name']!r}"
-            )
-        if mismatch is not None:
-            err = NondeterminismError(mismatch)
-            self._exec.nondeterminism = err
-            return _raise(err)
-        return self._exec.run_step(
-            step_id=step_id,
-            seq=seq,
-            fn=fn,
-            args=args,
-            retry=retry or DEFAULT_RETRY,
-            timeout=timeout,
-            entry=entry,
-        )
-
-
-async def _raise(exc: BaseException) -> Any:
-    raise exc

@@ -1,17 +1,27 @@
 """What handler authors import: ``from app.sdk import workflow, RetryPolicy, Permanent``."""
 
-from app.sdk.context import StepInfo, WorkflowContext, current_step
-from app.sdk.errors import NondeterminismError, NonRetryable, Permanent, StepFailed
+from app.sdk.context import ApprovalDecision, StepInfo, WorkflowContext, current_step
+from app.sdk.errors import (
+    ApprovalRejected,
+    NondeterminismError,
+    NonRetryable,
+    Permanent,
+    StepFailed,
+    WaitTimedOut,
+)
 from app.sdk.retry import RetryPolicy
 from app.sdk.workflow import WorkflowDefinition, workflow
 
 __all__ = [
+    "ApprovalDecision",
+    "ApprovalRejected",
     "NonRetryable",
     "NondeterminismError",
     "Permanent",
     "RetryPolicy",
     "StepFailed",
     "StepInfo",
+    "WaitTimedOut",
     "WorkflowContext",
     "WorkflowDefinition",
     "current_step",

@@ -7,7 +7,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
+from datetime import datetime
 from typing import Any, TypeVar, overload
+
+from pydantic import BaseModel
 
 from app.sdk.retry import RetryPolicy
 
@@ -47,6 +50,23 @@ def current_step() -> StepInfo:
     if info is None:
         raise RuntimeError("current_step() is only available while a step executes")
     return info
+
+
+class ApprovalDecision(BaseModel):
+    """What ``ctx.approval`` returns.
+
+    Attributes:
+        approved: True once enough approvers approved; False after a rejection (only
+            returned when the workflow gave ``on_reject``).
+        decided_by: subjects who decided, in order.
+        payload: the deciding approver's payload (the rejecter's, or the last approver's).
+        comment: the deciding approver's comment.
+    """
+
+    approved: bool
+    decided_by: list[str]
+    payload: Any = None
+    comment: str | None = None
 
 
 class WorkflowContext(abc.ABC):
@@ -123,6 +143,78 @@ class WorkflowContext(abc.ABC):
         timeout: float | None,
     ) -> Awaitable[Any]:
         """Engine hook behind :meth:`step`."""
+
+    @abc.abstractmethod
+    async def sleep(self, seconds: float) -> None:
+        """Durable timer: wait ``seconds`` of *database* time (status ``waiting_timer``).
+
+        No process sits waiting: the run is released and claimed again when due, so a
+        timer survives restarts. Short timers (under ``TREADLE_INLINE_RETRY_MAX_SECONDS``)
+        wait in the worker.
+
+        Raises:
+            ValueError: negative duration.
+        """
+
+    @abc.abstractmethod
+    async def sleep_until(self, when: datetime) -> None:
+        """Durable timer until an aware UTC datetime (database clock)."""
+
+    @abc.abstractmethod
+    async def signal(self, name: str, *, timeout: float | None = None) -> Any:
+        """Wait for the external signal ``name`` and return its payload.
+
+        Signals sent (``POST /runs/{id}/signals/{name}``) before the run waits are
+        buffered and consumed in arrival order, each exactly once.
+
+        Args:
+            name: signal name.
+            timeout: seconds (database time) from when the wait was first recorded.
+
+        Raises:
+            WaitTimedOut: no signal arrived in time.
+        """
+
+    @abc.abstractmethod
+    async def approval(
+        self,
+        name: str,
+        *,
+        group: str | None = None,
+        payload: Any = None,
+        timeout: float | None = None,
+        approvals: int = 1,
+        self_approval: bool = False,
+        on_reject: Callable[[ApprovalDecision], Any] | None = None,
+    ) -> ApprovalDecision:
+        """Wait for a human decision (``POST /runs/{id}/approvals/{name}``).
+
+        Args:
+            name: approval name (its step id).
+            group: only principals whose ``groups`` claim holds it may decide.
+            payload: JSON shown to approvers (in the report and the steps list).
+            timeout: seconds (database time) from when the wait was first recorded.
+            approvals: distinct approvers needed (one rejection is enough to reject).
+            self_approval: whether the subject that submitted the run may decide.
+            on_reject: run as a step with the decision when rejected; then the decision
+                (``approved=False``) is returned instead of raising.
+
+        Raises:
+            ApprovalRejected: rejected and no ``on_reject``.
+            WaitTimedOut: no decision in time.
+        """
+
+    @abc.abstractmethod
+    async def now(self) -> datetime:
+        """The current UTC time, journaled: a replay returns the same value."""
+
+    @abc.abstractmethod
+    async def uuid(self) -> uuid.UUID:
+        """A random UUID (v4), journaled."""
+
+    @abc.abstractmethod
+    async def random(self) -> float:
+        """A random float in [0, 1), journaled."""
 
     @property
     def idempotency_key(self) -> str:

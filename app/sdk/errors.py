@@ -63,3 +63,34 @@ class NondeterminismError(Exception):
 
 class TransientError(Exception):
     """Convenience base for errors a step wants retried (any non-Permanent error is)."""
+
+
+class WaitTimedOut(StepFailed):
+    """A signal or approval wait passed its timeout (reason ``failure_timed_out``)."""
+
+    def __init__(self, step_id: str, kind: str, timeout_at: str) -> None:
+        super().__init__(
+            step_id,
+            "failure_timed_out",
+            "WaitTimedOut",
+            f"{kind} wait timed out at {timeout_at}",
+            1,
+        )
+        self.kind = kind
+
+
+class ApprovalRejected(StepFailed):
+    """An approval was rejected and the workflow gave no ``on_reject`` handler.
+
+    Attributes:
+        decided_by: who rejected.
+        comment: the rejecting approver's comment, if any.
+    """
+
+    def __init__(self, step_id: str, decided_by: str, comment: str | None) -> None:
+        message = f"approval {step_id!r} rejected by {decided_by}"
+        if comment:
+            message += f": {comment}"
+        super().__init__(step_id, "failure_non_retryable", "ApprovalRejected", message, 1)
+        self.decided_by = decided_by
+        self.comment = comment

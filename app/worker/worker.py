@@ -290,10 +290,19 @@ class Worker:
                         "status": outcome.status.value,
                         "resume_in_seconds": outcome.delay,
                         "waiting_on": outcome.waiting_kind,
-                        "step_id": outcome.waiting_name,
+                        "name": outcome.waiting_name,
                     },
                 )
+                # The row is locked by the release above: a signal or decision that
+                # arrived while we were releasing is seen here, and the run stays due.
+                for check in outcome.wake_checks:
+                    if await check(conn):
+                        await runs_q.make_due(conn, run_id=run_id)
+                        break
                 self.stats.suspended += 1
+        if isinstance(outcome, Suspended) and outcome.delay is not None:
+            # Come back for our own timer when it is due rather than at the next poll.
+            asyncio.get_running_loop().call_later(max(outcome.delay, 0.0), self._wake.set)
 
     async def _release(self, run_id: uuid.UUID, tenant_id: str, fence: int) -> None:
         """Give a run back at once (drain): another worker may claim it immediately."""

@@ -24,6 +24,14 @@ CLAIMABLE_STATUSES = (
     RunStatus.RUNNING,
     RunStatus.RETRYING,
     RunStatus.WAITING_TIMER,
+    RunStatus.WAITING_SIGNAL,
+    RunStatus.WAITING_APPROVAL,
+)
+WAITING_STATUSES = (
+    RunStatus.RETRYING,
+    RunStatus.WAITING_TIMER,
+    RunStatus.WAITING_SIGNAL,
+    RunStatus.WAITING_APPROVAL,
 )
 
 
@@ -311,6 +319,39 @@ async def release_run(
     )
     if (await conn.execute(stmt)).rowcount != 1:
         raise LeaseLost(run_id)
+
+
+async def make_due(conn: AsyncConnection, *, run_id: uuid.UUID) -> bool:
+    """Make a waiting run claimable now (a signal or decision arrived); True if it was."""
+    dialect = _dialect(conn)
+    now = now_expr(dialect)
+    stmt = (
+        update(runs)
+        .where(
+            runs.c.run_id == run_id,
+            runs.c.status.in_([s.value for s in WAITING_STATUSES]),
+        )
+        .values(available_at=now, updated_at=now)
+    )
+    return (await conn.execute(stmt)).rowcount == 1
+
+
+async def lock_run(conn: AsyncConnection, tenant_id: str, run_id: uuid.UUID) -> RowMapping:
+    """Read a tenant's run and lock its row until the transaction ends.
+
+    Locking orders an external event (signal, decision) against a worker releasing the
+    run: whichever commits second sees the other. (SQLite: the write lock already does.)
+
+    Raises:
+        RunNotFound: not this tenant's run.
+    """
+    stmt = select(runs).where(runs.c.run_id == run_id, runs.c.tenant_id == tenant_id)
+    if _dialect(conn) == "postgresql":
+        stmt = stmt.with_for_update()
+    row = (await conn.execute(stmt)).mappings().first()
+    if row is None:
+        raise RunNotFound(f"run {run_id} not found", run_id=str(run_id))
+    return row
 
 
 async def cancel_run(conn: AsyncConnection, *, run_id: uuid.UUID, tenant_id: str) -> bool:

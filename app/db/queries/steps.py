@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, select, update
+from sqlalchemy import RowMapping, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -141,3 +142,46 @@ async def count_by_status(conn: AsyncConnection, run_id: uuid.UUID) -> dict[str,
         )
     ).all()
     return {str(r[0]): int(r[1]) for r in rows}
+
+
+async def insert_step(
+    conn: AsyncConnection,
+    *,
+    run_id: uuid.UUID,
+    tenant_id: str,
+    step_id: str,
+    seq: int,
+    kind: str,
+    name: str,
+    status: StepStatus,
+    fence: int,
+    output: str | None = None,
+    deadline: datetime | None = None,
+    detail: str | None = None,
+) -> None:
+    """Journal a wait (``status=waiting``) or a recorded value (``succeeded``) in one go.
+
+    Call after :func:`app.db.queries.runs.check_fence` in the same transaction.
+    """
+    now = now_expr(conn.dialect.name)
+    finished = now if status == StepStatus.SUCCEEDED else None
+    await conn.execute(
+        insert(steps).values(
+            run_id=run_id,
+            tenant_id=tenant_id,
+            step_id=step_id,
+            seq=seq,
+            kind=kind,
+            name=name,
+            status=status.value,
+            attempt=1,
+            max_attempts=1,
+            output=output,
+            deadline=deadline,
+            detail=detail,
+            fence=fence,
+            created_at=now,
+            started_at=now,
+            finished_at=finished,
+        )
+    )

@@ -1,0 +1,186 @@
+"""The context handed to workflow bodies: assigns step ids and dispatches to the executor."""
+
+from __future__ import annotations
+
+import random as _random
+import uuid
+from collections.abc import Callable, Coroutine
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from app.engine import waits
+from app.sdk.context import ApprovalDecision, WorkflowContext
+from app.sdk.errors import NondeterminismError
+from app.sdk.retry import DEFAULT_RETRY, RetryPolicy
+
+if TYPE_CHECKING:
+    from sqlalchemy import RowMapping
+
+    from app.engine.executor import RunExecution
+
+
+class ReplayContext(WorkflowContext):
+    """The :class:`WorkflowContext` of one execution.
+
+    Every durable call gets its step id and sequence number synchronously, when it is
+    *called* (not when it completes), and is checked against the journal: a different
+    step id at the same position, or a different function or kind under the same id,
+    is nondeterminism.
+    """
+
+    def __init__(self, execution: RunExecution) -> None:
+        self._exec = execution
+        self.run_id = execution.run_id
+        self.workflow = execution.definition.name
+        self._seq = 0
+        self._names: dict[str, int] = {}
+
+    def _assign(self, base: str, kind: str, fn_name: str) -> tuple[str, int, RowMapping | None]:
+        seq = self._seq
+        self._seq += 1
+        count = self._names.get(base, 0) + 1
+        self._names[base] = count
+        step_id = base if count == 1 else f"{base}#{count}"
+        entry = self._exec.journal.get(step_id)
+        at_seq = self._exec.journal_by_seq.get(seq)
+        mismatch: str | None = None
+        if at_seq is not None and at_seq["step_id"] != step_id:
+            mismatch = (
+                f"replay reached step {step_id!r} at position {seq}, but the journal recorded "
+                f"{at_seq['step_id']!r} there"
+            )
+        elif entry is not None and (entry["name"] != fn_name or entry["kind"] != kind):
+            mismatch = (
+                f"step {step_id!r} is now {kind} {fn_name!r}, but the journal recorded "
+                f"{entry['kind']} {entry['name']!r}"
+            )
+        if mismatch is not None:
+            err = NondeterminismError(mismatch)
+            self._exec.nondeterminism = err
+            raise err
+        return step_id, seq, entry
+
+    def _step(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        *,
+        name: str | None,
+        retry: RetryPolicy | None,
+        timeout: float | None,
+    ) -> Coroutine[Any, Any, Any]:
+        from app.engine.executor import step_name
+
+        if timeout is not None and timeout <= 0:
+            raise ValueError("step timeout must be > 0 seconds")
+        fn_name = step_name(fn)
+        try:
+            step_id, seq, entry = self._assign(name or fn_name, "step", fn_name)
+        except NondeterminismError as err:
+            return _raise(err)
+        return self._exec.run_step(
+            step_id=step_id,
+            seq=seq,
+            fn=fn,
+            args=args,
+            retry=retry or DEFAULT_RETRY,
+            timeout=timeout,
+            entry=entry,
+        )
+
+    def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
+        """See :meth:`app.sdk.context.WorkflowContext.sleep`."""
+        if seconds < 0:
+            raise ValueError("sleep duration must be >= 0 seconds")
+        try:
+            step_id, seq, entry = self._assign("sleep", "timer", "sleep")
+        except NondeterminismError as err:
+            return _raise(err)
+        return waits.timer(self._exec, step_id=step_id, seq=seq, entry=entry, seconds=seconds)
+
+    def sleep_until(self, when: datetime) -> Coroutine[Any, Any, None]:
+        """See :meth:`app.sdk.context.WorkflowContext.sleep_until`."""
+        if when.tzinfo is None:
+            raise ValueError("sleep_until needs a timezone-aware datetime")
+        try:
+            step_id, seq, entry = self._assign("sleep", "timer", "sleep")
+        except NondeterminismError as err:
+            return _raise(err)
+        return waits.timer(self._exec, step_id=step_id, seq=seq, entry=entry, until=when)
+
+    def signal(self, name: str, *, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
+        """See :meth:`app.sdk.context.WorkflowContext.signal`."""
+        waits.check_wait_name(name)
+        if timeout is not None and timeout <= 0:
+            raise ValueError("signal timeout must be > 0 seconds")
+        try:
+            step_id, seq, entry = self._assign(f"signal:{name}", "signal", name)
+        except NondeterminismError as err:
+            return _raise(err)
+        return waits.signal(
+            self._exec, step_id=step_id, seq=seq, entry=entry, name=name, timeout=timeout
+        )
+
+    def approval(
+        self,
+        name: str,
+        *,
+        group: str | None = None,
+        payload: Any = None,
+        timeout: float | None = None,
+        approvals: int = 1,
+        self_approval: bool = False,
+        on_reject: Callable[[ApprovalDecision], Any] | None = None,
+    ) -> Coroutine[Any, Any, ApprovalDecision]:
+        """See :meth:`app.sdk.context.WorkflowContext.approval`."""
+        waits.check_wait_name(name)
+        if not 1 <= approvals <= 100:
+            raise ValueError("approvals must be within 1..100")
+        if timeout is not None and timeout <= 0:
+            raise ValueError("approval timeout must be > 0 seconds")
+        try:
+            step_id, seq, entry = self._assign(name, "approval", name)
+        except NondeterminismError as err:
+            return _raise(err)
+        return waits.approval(
+            self,
+            self._exec,
+            step_id=step_id,
+            seq=seq,
+            entry=entry,
+            config=waits.ApprovalConfig(
+                group=group,
+                payload=payload,
+                timeout=timeout,
+                approvals=approvals,
+                self_approval=self_approval,
+            ),
+            on_reject=on_reject,
+        )
+
+    def now(self) -> Coroutine[Any, Any, datetime]:
+        """See :meth:`app.sdk.context.WorkflowContext.now`."""
+        return self._value("now", lambda: self._exec.db_now().isoformat(), datetime.fromisoformat)
+
+    def uuid(self) -> Coroutine[Any, Any, uuid.UUID]:
+        """See :meth:`app.sdk.context.WorkflowContext.uuid`."""
+        return self._value("uuid", lambda: str(uuid.uuid4()), uuid.UUID)
+
+    def random(self) -> Coroutine[Any, Any, float]:
+        """See :meth:`app.sdk.context.WorkflowContext.random`."""
+        return self._value("random", _random.random, float)
+
+    def _value(
+        self, kind_name: str, produce: Callable[[], Any], decode: Callable[[Any], Any]
+    ) -> Coroutine[Any, Any, Any]:
+        try:
+            step_id, seq, entry = self._assign(kind_name, "value", kind_name)
+        except NondeterminismError as err:
+            return _raise(err)
+        return waits.value(
+            self._exec, step_id=step_id, seq=seq, entry=entry, produce=produce, decode=decode
+        )
+
+
+async def _raise(exc: BaseException) -> Any:
+    raise exc

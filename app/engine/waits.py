@@ -1,0 +1,422 @@
+"""Durable waits: timers, signals, approvals, and journaled values.
+
+A wait is journaled as a step of kind ``timer`` / ``signal`` / ``approval`` with status
+``waiting`` and a ``deadline`` (database time, fixed when the wait is first recorded, so
+timeouts keep counting across restarts). When it cannot be satisfied yet, the branch asks
+the execution to release the run; a signal or decision wakes it again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
+
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core import json
+from app.core.status import EventKind, RunStatus, StepStatus
+from app.db.queries import approvals as approvals_q
+from app.db.queries import events as events_q
+from app.db.queries import signals as signals_q
+from app.db.queries import steps as steps_q
+from app.engine.executor import PendingWait
+from app.sdk.context import ApprovalDecision
+from app.sdk.errors import ApprovalRejected, WaitTimedOut
+
+if TYPE_CHECKING:
+    from app.engine.executor import RunExecution
+    from app.sdk.context import WorkflowContext
+
+_NAME_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+def check_wait_name(name: str) -> None:
+    """Signal and approval names travel in URLs: 1..200 of ``[A-Za-z0-9_.-]``.
+
+    Raises:
+        ValueError: anything else.
+    """
+    if not name or len(name) > 200 or not set(name) <= _NAME_CHARS:
+        raise ValueError(f"wait name {name!r} must be 1..200 characters of letters, digits, _ . -")
+
+
+@dataclass(frozen=True, slots=True)
+class ApprovalConfig:
+    """Settings of one approval, journaled in the step's ``detail``."""
+
+    group: str | None
+    payload: Any
+    timeout: float | None
+    approvals: int
+    self_approval: bool
+
+    def as_detail(self) -> dict[str, Any]:
+        """JSON form stored in ``steps.detail`` (read by the approvals endpoint)."""
+        return {
+            "group": self.group,
+            "payload": self.payload,
+            "approvals": self.approvals,
+            "self_approval": self.self_approval,
+            "timeout": self.timeout,
+        }
+
+
+def resolve_decisions(decisions: list[RowMapping], needed: int) -> ApprovalDecision | None:
+    """Decide an approval from its decision rows (None while still open).
+
+    Any rejection rejects; ``needed`` distinct approvals approve.
+    """
+    for row in decisions:
+        if row["decision"] == "reject":
+            return ApprovalDecision(
+                approved=False,
+                decided_by=[r["decided_by"] for r in decisions],
+                payload=json.loads(row["payload"]),
+                comment=row["comment"],
+            )
+    approvers = [r for r in decisions if r["decision"] == "approve"]
+    if len(approvers) >= needed:
+        last = approvers[needed - 1]
+        return ApprovalDecision(
+            approved=True,
+            decided_by=[r["decided_by"] for r in approvers[:needed]],
+            payload=json.loads(last["payload"]),
+            comment=last["comment"],
+        )
+    return None
+
+
+def _remaining(ex: RunExecution, deadline: datetime | None) -> float | None:
+    return None if deadline is None else (deadline - ex.db_now()).total_seconds()
+
+
+async def _record(
+    ex: RunExecution,
+    conn: AsyncConnection,
+    *,
+    step_id: str,
+    seq: int,
+    kind: str,
+    name: str,
+    deadline: datetime | None,
+    detail: dict[str, Any] | None,
+) -> None:
+    await steps_q.insert_step(
+        conn,
+        run_id=ex.run_id,
+        tenant_id=ex.tenant_id,
+        step_id=step_id,
+        seq=seq,
+        kind=kind,
+        name=name,
+        status=StepStatus.WAITING,
+        fence=ex.fence,
+        deadline=deadline,
+        detail=None if detail is None else json.dumps(detail),
+    )
+    await events_q.append(
+        conn,
+        run_id=ex.run_id,
+        tenant_id=ex.tenant_id,
+        kind=EventKind.WAIT_STARTED,
+        step_id=step_id,
+        data={"kind": kind, "name": name, "deadline": deadline.isoformat() if deadline else None},
+    )
+
+
+async def _finish(
+    ex: RunExecution,
+    conn: AsyncConnection,
+    step_id: str,
+    status: StepStatus,
+    output: str | None,
+    event: EventKind,
+    data: dict[str, Any],
+) -> None:
+    await steps_q.finish_attempt(
+        conn,
+        run_id=ex.run_id,
+        step_id=step_id,
+        status=status,
+        output=output,
+        error=None if status == StepStatus.SUCCEEDED else json.dumps(data),
+        fence=ex.fence,
+    )
+    await events_q.append(
+        conn, run_id=ex.run_id, tenant_id=ex.tenant_id, kind=event, step_id=step_id, data=data
+    )
+
+
+async def timer(
+    ex: RunExecution,
+    *,
+    step_id: str,
+    seq: int,
+    entry: RowMapping | None,
+    seconds: float | None = None,
+    until: datetime | None = None,
+) -> None:
+    """``ctx.sleep`` / ``ctx.sleep_until``: due at a fixed database time."""
+    if entry is not None and entry["status"] == StepStatus.SUCCEEDED:
+        return
+    if entry is None:
+        deadline = until if until is not None else ex.db_now() + timedelta(seconds=seconds or 0)
+
+        async def record(conn: AsyncConnection) -> None:
+            await _record(
+                ex,
+                conn,
+                step_id=step_id,
+                seq=seq,
+                kind="timer",
+                name="sleep",
+                deadline=deadline,
+                detail=None,
+            )
+
+        await ex.write(record)
+    else:
+        deadline = entry["deadline"]
+    remaining = _remaining(ex, deadline) or 0.0
+    if remaining > ex.settings.inline_retry_max_seconds:
+        await ex.suspend(PendingWait(remaining, RunStatus.WAITING_TIMER, "timer", step_id))
+    if remaining > 0:
+        await asyncio.sleep(remaining)
+
+    async def fire(conn: AsyncConnection) -> None:
+        await _finish(
+            ex,
+            conn,
+            step_id,
+            StepStatus.SUCCEEDED,
+            "null",
+            EventKind.TIMER_FIRED,
+            {"deadline": deadline.isoformat()},
+        )
+
+    await ex.write(fire)
+
+
+async def signal(
+    ex: RunExecution,
+    *,
+    step_id: str,
+    seq: int,
+    entry: RowMapping | None,
+    name: str,
+    timeout: float | None,
+) -> Any:
+    """``ctx.signal``: consume the oldest buffered signal of ``name``, or wait for one."""
+    if entry is not None and entry["status"] == StepStatus.SUCCEEDED:
+        return json.loads(entry["output"])
+    if entry is not None and entry["status"] == StepStatus.TIMED_OUT:
+        raise WaitTimedOut(step_id, "signal", entry["deadline"].isoformat())
+    deadline: datetime | None = (
+        entry["deadline"]
+        if entry is not None
+        else (ex.db_now() + timedelta(seconds=timeout) if timeout is not None else None)
+    )
+    outcome: dict[str, Any] = {}
+
+    async def attempt(conn: AsyncConnection) -> None:
+        if entry is None:
+            await _record(
+                ex,
+                conn,
+                step_id=step_id,
+                seq=seq,
+                kind="signal",
+                name=name,
+                deadline=deadline,
+                detail={"signal": name, "timeout": timeout},
+            )
+        found = await signals_q.oldest_unconsumed(conn, ex.run_id, name)
+        # The run row is locked (fenced write), so no other consumer races us here.
+        if found is not None and await signals_q.consume(conn, found["signal_id"], step_id):
+            payload = found["payload"] or "null"
+            await _finish(
+                ex,
+                conn,
+                step_id,
+                StepStatus.SUCCEEDED,
+                payload,
+                EventKind.SIGNAL_CONSUMED,
+                {"signal": name, "signal_id": found["signal_id"]},
+            )
+            outcome["payload"] = payload
+        elif deadline is not None and deadline <= ex.db_now():
+            await _finish(
+                ex,
+                conn,
+                step_id,
+                StepStatus.TIMED_OUT,
+                None,
+                EventKind.WAIT_TIMED_OUT,
+                {"kind": "signal", "signal": name},
+            )
+            outcome["timed_out"] = True
+
+    await ex.write(attempt)
+    if "payload" in outcome:
+        return json.loads(outcome["payload"])
+    if outcome.get("timed_out"):
+        assert deadline is not None
+        raise WaitTimedOut(step_id, "signal", deadline.isoformat())
+
+    async def arrived(conn: AsyncConnection) -> bool:
+        return await signals_q.oldest_unconsumed(conn, ex.run_id, name) is not None
+
+    remaining = _remaining(ex, deadline)
+    await ex.suspend(
+        PendingWait(
+            max(remaining, 0.0) if remaining is not None else None,
+            RunStatus.WAITING_SIGNAL,
+            "signal",
+            name,
+            arrived,
+        )
+    )
+
+
+async def approval(
+    ctx: WorkflowContext,
+    ex: RunExecution,
+    *,
+    step_id: str,
+    seq: int,
+    entry: RowMapping | None,
+    config: ApprovalConfig,
+    on_reject: Callable[[ApprovalDecision], Any] | None,
+) -> ApprovalDecision:
+    """``ctx.approval``: wait until enough approvers approve, one rejects, or it times out."""
+    if entry is not None and entry["status"] == StepStatus.SUCCEEDED:
+        decision = ApprovalDecision.model_validate(json.loads(entry["output"]))
+    elif entry is not None and entry["status"] == StepStatus.TIMED_OUT:
+        raise WaitTimedOut(step_id, "approval", entry["deadline"].isoformat())
+    else:
+        decision = await _await_decision(ex, step_id=step_id, seq=seq, entry=entry, config=config)
+    if decision.approved:
+        return decision
+    if on_reject is not None:
+        await ctx.step(on_reject, decision, name=f"{step_id}.on_reject")
+        return decision
+    raise ApprovalRejected(step_id, decision.decided_by[-1], decision.comment)
+
+
+async def _await_decision(
+    ex: RunExecution,
+    *,
+    step_id: str,
+    seq: int,
+    entry: RowMapping | None,
+    config: ApprovalConfig,
+) -> ApprovalDecision:
+    if entry is not None:
+        deadline: datetime | None = entry["deadline"]
+        needed = int((json.loads(entry["detail"]) or {}).get("approvals", config.approvals))
+    else:
+        deadline = (
+            ex.db_now() + timedelta(seconds=config.timeout) if config.timeout is not None else None
+        )
+        needed = config.approvals
+    detail = config.as_detail()
+    json.dumps_limited(detail, ex.settings.max_payload_bytes, "approval payload")
+    outcome: dict[str, Any] = {}
+
+    async def attempt(conn: AsyncConnection) -> None:
+        if entry is None:
+            await _record(
+                ex,
+                conn,
+                step_id=step_id,
+                seq=seq,
+                kind="approval",
+                name=step_id,
+                deadline=deadline,
+                detail=detail,
+            )
+        rows = list(await approvals_q.list_decisions(conn, ex.run_id, step_id))
+        decided = resolve_decisions(rows, needed)
+        if decided is not None:
+            await _finish(
+                ex,
+                conn,
+                step_id,
+                StepStatus.SUCCEEDED,
+                json.dumps(decided.model_dump(mode="json")),
+                EventKind.APPROVAL_RESOLVED,
+                {"approved": decided.approved, "decided_by": decided.decided_by},
+            )
+            outcome["decision"] = decided
+        elif deadline is not None and deadline <= ex.db_now():
+            await _finish(
+                ex,
+                conn,
+                step_id,
+                StepStatus.TIMED_OUT,
+                None,
+                EventKind.WAIT_TIMED_OUT,
+                {"kind": "approval"},
+            )
+            outcome["timed_out"] = True
+
+    await ex.write(attempt)
+    if "decision" in outcome:
+        result: ApprovalDecision = outcome["decision"]
+        return result
+    if outcome.get("timed_out"):
+        assert deadline is not None
+        raise WaitTimedOut(step_id, "approval", deadline.isoformat())
+
+    async def decided(conn: AsyncConnection) -> bool:
+        rows = list(await approvals_q.list_decisions(conn, ex.run_id, step_id))
+        return resolve_decisions(rows, needed) is not None
+
+    remaining = _remaining(ex, deadline)
+    await ex.suspend(
+        PendingWait(
+            max(remaining, 0.0) if remaining is not None else None,
+            RunStatus.WAITING_APPROVAL,
+            "approval",
+            step_id,
+            decided,
+        )
+    )
+    raise AssertionError("unreachable")
+
+
+async def value(
+    ex: RunExecution,
+    *,
+    step_id: str,
+    seq: int,
+    entry: RowMapping | None,
+    produce: Callable[[], Any],
+    decode: Callable[[Any], Any],
+) -> Any:
+    """``ctx.now`` / ``uuid`` / ``random``: produced once, journaled, replayed verbatim."""
+    if entry is not None:
+        return decode(json.loads(entry["output"]))
+    produced = produce()
+    text = json.dumps(produced)
+
+    async def record(conn: AsyncConnection) -> None:
+        await steps_q.insert_step(
+            conn,
+            run_id=ex.run_id,
+            tenant_id=ex.tenant_id,
+            step_id=step_id,
+            seq=seq,
+            kind="value",
+            name=step_id.split("#")[0],
+            status=StepStatus.SUCCEEDED,
+            fence=ex.fence,
+            output=text,
+        )
+
+    await ex.write(record)
+    return decode(json.loads(text))

@@ -1,0 +1,354 @@
+"""Timers, signals, approvals, journaled values, dead-letter requeue: both databases."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import select
+
+from app.core.errors import Forbidden, InvalidState, RunFinished, StepNotFound
+from app.core.settings import Settings
+from app.db.database import Database
+from app.db.queries import runs as runs_q
+from app.db.tables import dead_letters, signals, steps
+from app.engine import control
+from app.engine.registry import Registry
+from app.engine.submit import SubmitRequest, Submitter
+from app.sdk import ApprovalDecision, WorkflowContext, workflow
+from app.worker.worker import Worker
+from tests.conftest import make_settings
+from tests.helpers import wait_for
+
+TENANT = "waits"
+_ids = itertools.count()
+rejections: list[str] = []
+flaky_fail = {"on": True}
+
+
+class Job(BaseModel):
+    key: str
+    timeout: float = 30.0
+
+
+@workflow("w-all")
+async def all_waits(ctx: WorkflowContext, job: Job) -> dict[str, Any]:
+    started = await ctx.now()
+    await ctx.sleep(0.3)
+    first = await ctx.signal("go", timeout=job.timeout)
+    second = await ctx.signal("go", timeout=job.timeout)
+    decision = await ctx.approval(
+        "boss", group="managers", payload={"key": job.key}, timeout=job.timeout
+    )
+    token = await ctx.uuid()
+    return {
+        "signals": [first, second],
+        "approved": decision.approved,
+        "by": decision.decided_by,
+        "started": started.isoformat(),
+        "token": str(token),
+    }
+
+
+def note_rejection(decision: ApprovalDecision) -> str:
+    rejections.append(",".join(decision.decided_by))
+    return "noted"
+
+
+@workflow("w-reject-handled")
+async def reject_handled(ctx: WorkflowContext, job: Job) -> bool:
+    decision = await ctx.approval("boss", on_reject=note_rejection, approvals=2)
+    return decision.approved
+
+
+@workflow("w-reject")
+async def reject_unhandled(ctx: WorkflowContext, job: Job) -> bool:
+    decision = await ctx.approval("boss")
+    return decision.approved
+
+
+def maybe_fail() -> str:
+    if flaky_fail["on"]:
+        raise RuntimeError("downstream is down")
+    return "fine"
+
+
+@workflow("w-requeue")
+async def requeue_flow(ctx: WorkflowContext, job: Job) -> str:
+    from app.sdk import RetryPolicy
+
+    return await ctx.step(maybe_fail, retry=RetryPolicy(max_attempts=1))
+
+
+REGISTRY = Registry([all_waits, reject_handled, reject_unhandled, requeue_flow])
+
+
+@pytest.fixture
+def wsettings(database_url: str, tmp_path: Path) -> Settings:
+    # Timers longer than 0 s release the run, so the suspend/wake path is exercised.
+    return make_settings(database_url, tmp_path, inline_retry_max_seconds=0.0)
+
+
+@contextlib.asynccontextmanager
+async def worker(settings: Settings, db: Database) -> AsyncIterator[Worker]:
+    w = Worker(settings, db, REGISTRY, concurrency=4)
+    task = asyncio.create_task(w.run())
+    try:
+        yield w
+    finally:
+        w.stop()
+        await asyncio.wait_for(task, 30)
+
+
+async def submit(db: Database, settings: Settings, name: str, **inp: Any) -> Any:
+    async with db.write() as conn:
+        await REGISTRY.register(conn)
+    row, _ = await Submitter(db, settings).submit(
+        SubmitRequest(workflow=name, input=inp), tenant_id=TENANT, subject="submitter"
+    )
+    return row["run_id"]
+
+
+async def status_is(db: Database, run_id: Any, *statuses: str) -> Any:
+    async def probe() -> Any:
+        async with db.read() as conn:
+            row = await runs_q.get_run(conn, TENANT, run_id)
+        return row if row["status"] in statuses else None
+
+    return await wait_for(probe, timeout=30, what=f"run {run_id} in {statuses}")
+
+
+async def test_timer_signals_approval_and_values(wsettings: Settings, db: Database) -> None:
+    run_id = await submit(db, wsettings, "w-all", key=f"k{next(_ids)}")
+    # Sent before the run waits: buffered, consumed in order, each exactly once.
+    await control.send_signal(
+        db, wsettings, tenant_id=TENANT, run_id=run_id, name="go", payload={"n": 1}, actor="ext"
+    )
+    await control.send_signal(
+        db, wsettings, tenant_id=TENANT, run_id=run_id, name="go", payload={"n": 2}, actor="ext"
+    )
+    async with worker(wsettings, db):
+        row = await status_is(db, run_id, "waiting_approval")
+        assert (row["waiting_kind"], row["waiting_name"]) == ("approval", "boss")
+        with pytest.raises(StepNotFound):
+            await control.decide_approval(
+                db,
+                wsettings,
+                tenant_id=TENANT,
+                run_id=run_id,
+                step_id="nope",
+                subject="mgr",
+                groups=frozenset({"managers"}),
+                decision="approve",
+                payload=None,
+                comment=None,
+            )
+        with pytest.raises(Forbidden):  # outside the group
+            await control.decide_approval(
+                db,
+                wsettings,
+                tenant_id=TENANT,
+                run_id=run_id,
+                step_id="boss",
+                subject="intern",
+                groups=frozenset({"interns"}),
+                decision="approve",
+                payload=None,
+                comment=None,
+            )
+        with pytest.raises(Forbidden):  # the submitter may not approve its own run
+            await control.decide_approval(
+                db,
+                wsettings,
+                tenant_id=TENANT,
+                run_id=run_id,
+                step_id="boss",
+                subject="submitter",
+                groups=frozenset({"managers"}),
+                decision="approve",
+                payload=None,
+                comment=None,
+            )
+        result = await control.decide_approval(
+            db,
+            wsettings,
+            tenant_id=TENANT,
+            run_id=run_id,
+            step_id="boss",
+            subject="mgr",
+            groups=frozenset({"managers"}),
+            decision="approve",
+            payload={"ok": True},
+            comment="fine",
+        )
+        assert result["resolved"] is True
+        with pytest.raises(InvalidState):  # a second decision on a decided approval
+            await control.decide_approval(
+                db,
+                wsettings,
+                tenant_id=TENANT,
+                run_id=run_id,
+                step_id="boss",
+                subject="mgr2",
+                groups=frozenset({"managers"}),
+                decision="reject",
+                payload=None,
+                comment=None,
+            )
+        row = await status_is(db, run_id, "completed")
+    from app.core import json
+
+    out = json.loads(row["output"])
+    assert out["signals"] == [{"n": 1}, {"n": 2}]
+    assert (out["approved"], out["by"]) == (True, ["mgr"])
+    async with db.read() as conn:
+        kinds = (
+            await conn.execute(
+                select(steps.c.step_id, steps.c.kind, steps.c.status).order_by(steps.c.seq)
+            )
+        ).all()
+        consumed = (await conn.execute(select(signals.c.consumed_step_id))).scalars().all()
+    assert [tuple(k) for k in kinds] == [
+        ("now", "value", "succeeded"),
+        ("sleep", "timer", "succeeded"),
+        ("signal:go", "signal", "succeeded"),
+        ("signal:go#2", "signal", "succeeded"),
+        ("boss", "approval", "succeeded"),
+        ("uuid", "value", "succeeded"),
+    ]
+    assert consumed == ["signal:go", "signal:go#2"]
+    with pytest.raises(RunFinished):
+        await control.send_signal(
+            db, wsettings, tenant_id=TENANT, run_id=run_id, name="go", payload=None, actor="ext"
+        )
+
+
+async def test_signal_sent_while_waiting_wakes_the_run(wsettings: Settings, db: Database) -> None:
+    run_id = await submit(db, wsettings, "w-all", key=f"k{next(_ids)}")
+    async with worker(wsettings, db):
+        row = await status_is(db, run_id, "waiting_signal")
+        assert (row["waiting_kind"], row["waiting_name"]) == ("signal", "go")
+        assert row["available_at"] is not None  # the 30 s timeout is the wake-up
+        for n in (1, 2):
+            await control.send_signal(
+                db, wsettings, tenant_id=TENANT, run_id=run_id, name="go", payload=n, actor="ext"
+            )
+        await status_is(db, run_id, "waiting_approval")
+
+
+async def test_wait_timeout_fails_the_run(wsettings: Settings, db: Database) -> None:
+    run_id = await submit(db, wsettings, "w-all", key=f"k{next(_ids)}", timeout=0.5)
+    async with worker(wsettings, db):
+        row = await status_is(db, run_id, "failed")
+    assert row["reason"] == "failure_timed_out"
+    assert "WaitTimedOut" in row["error"]
+
+
+async def test_rejection_with_and_without_handler(wsettings: Settings, db: Database) -> None:
+    rejections.clear()
+    handled = await submit(db, wsettings, "w-reject-handled", key="a")
+    unhandled = await submit(db, wsettings, "w-reject", key="b")
+    async with worker(wsettings, db):
+        await status_is(db, handled, "waiting_approval")
+        await status_is(db, unhandled, "waiting_approval")
+        first = await control.decide_approval(
+            db,
+            wsettings,
+            tenant_id=TENANT,
+            run_id=handled,
+            step_id="boss",
+            subject="ann",
+            groups=frozenset(),
+            decision="approve",
+            payload=None,
+            comment=None,
+        )
+        assert first["resolved"] is False  # needs two approvers
+        with pytest.raises(InvalidState):  # ann cannot count twice
+            await control.decide_approval(
+                db,
+                wsettings,
+                tenant_id=TENANT,
+                run_id=handled,
+                step_id="boss",
+                subject="ann",
+                groups=frozenset(),
+                decision="approve",
+                payload=None,
+                comment=None,
+            )
+        await control.decide_approval(
+            db,
+            wsettings,
+            tenant_id=TENANT,
+            run_id=handled,
+            step_id="boss",
+            subject="bob",
+            groups=frozenset(),
+            decision="reject",
+            payload=None,
+            comment="no budget",
+        )
+        await control.decide_approval(
+            db,
+            wsettings,
+            tenant_id=TENANT,
+            run_id=unhandled,
+            step_id="boss",
+            subject="bob",
+            groups=frozenset(),
+            decision="reject",
+            payload=None,
+            comment="no",
+        )
+        done = await status_is(db, handled, "completed")
+        failed = await status_is(db, unhandled, "failed")
+    assert done["output"] == "false"
+    assert rejections == ["ann,bob"]
+    assert failed["reason"] == "failure_non_retryable"
+    assert "ApprovalRejected" in failed["error"]
+
+
+async def test_dead_letter_requeue(wsettings: Settings, db: Database) -> None:
+    flaky_fail["on"] = True
+    run_id = await submit(db, wsettings, "w-requeue", key="r")
+    async with worker(wsettings, db):
+        await status_is(db, run_id, "failed")
+        async with db.read() as conn:
+            dl_id = (
+                await conn.execute(
+                    select(dead_letters.c.dead_letter_id).where(dead_letters.c.run_id == run_id)
+                )
+            ).scalar_one()
+        flaky_fail["on"] = False
+        assert await control.pending_dead_letter_id(db, tenant_id=TENANT, run_id=run_id) == dl_id
+        dl = await control.requeue_dead_letter(
+            db,
+            tenant_id=TENANT,
+            dead_letter_id=dl_id,
+            actor="op",
+            reason="fixed downstream",
+            correlation_id="INC-42",
+        )
+        assert (dl["status"], dl["requeued_by"], dl["correlation_id"]) == (
+            "requeued",
+            "op",
+            "INC-42",
+        )
+        with pytest.raises(InvalidState):
+            await control.requeue_dead_letter(
+                db,
+                tenant_id=TENANT,
+                dead_letter_id=dl_id,
+                actor="op",
+                reason="again",
+                correlation_id=None,
+            )
+        row = await status_is(db, run_id, "completed")
+    assert row["output"] == '"fine"'
