@@ -10,7 +10,7 @@ from fastapi import FastAPI
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import problems
-from app.api.routes import health, runs, workflows
+from app.api.routes import dead_letters, health, run_actions, runs, workflows
 from app.auth.dev import DevTokens, dev_secret
 from app.core.settings import Settings
 from app.db.database import Database
@@ -126,6 +126,8 @@ def create_app(
     app.state.on_submit = on_submit
     problems.install(app)
     app.include_router(runs.router)
+    app.include_router(run_actions.router)
+    app.include_router(dead_letters.router)
     app.include_router(workflows.router)
     app.include_router(health.router)
     app.add_middleware(BodyLimit, limit=settings.max_payload_bytes + _ENVELOPE_BYTES)

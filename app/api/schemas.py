@@ -124,6 +124,8 @@ class Step(BaseModel):
     output: Any | None
     error: Any | None
     next_attempt_at: datetime | None
+    deadline: datetime | None = Field(description="When a wait times out or a timer fires.")
+    detail: Any | None = Field(description="A wait's settings (approval group, payload, …).")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -225,3 +227,58 @@ class Problem(BaseModel):
     detail: str
     instance: str | None = None
     code: str
+
+
+StepKey = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.\-#:]+$")]
+
+
+class SendSignalRequest(BaseModel):
+    """Body of ``POST /runs/{run_id}/signals/{name}`` (optional)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    payload: Any = Field(default=None, description="JSON delivered to the waiting workflow.")
+
+
+class SignalAccepted(BaseModel):
+    """A buffered signal: consumed, in order, by the run's next wait for its name."""
+
+    run_id: uuid.UUID
+    name: str
+    signal_id: int
+
+
+class ApprovalDecisionRequest(BaseModel):
+    """Body of ``POST /runs/{run_id}/approvals/{step_id}``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    decision: Literal["approve", "reject"]
+    payload: Any = None
+    comment: Annotated[str, Field(max_length=2000), AfterValidator(_printable)] | None = None
+
+
+class ApprovalDecisionResult(BaseModel):
+    """A recorded decision; ``resolved`` tells whether it settled the approval."""
+
+    run_id: uuid.UUID
+    step_id: str
+    decision: str
+    decided_by: str
+    resolved: bool
+
+
+class RequeueRequest(BaseModel):
+    """Body of ``POST /dead-letters/{id}/requeue`` and ``POST /runs/{id}/retry``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reason: Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_printable)]
+    correlation_id: Identifier | None = None
+
+
+class DeadLetterPage(BaseModel):
+    """One page of ``GET /dead-letters``."""
+
+    items: list[DeadLetter]
+    next_page_token: str | None

@@ -58,6 +58,8 @@ def step_view(row: RowMapping) -> schemas.Step:
         output=json.loads(row["output"]),
         error=json.loads(row["error"]),
         next_attempt_at=row["next_attempt_at"],
+        deadline=row["deadline"],
+        detail=json.loads(row["detail"]),
         created_at=row["created_at"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
@@ -146,6 +148,9 @@ def render_report_text(report: schemas.RunReport) -> str:
             lines.append(
                 f"      error: {s.error.get('type', 'Error')}: {_short(s.error.get('message', ''))}"
             )
+        if s.kind != "step" and s.status == "waiting":
+            deadline = s.deadline.isoformat() if s.deadline else "none"
+            lines.append(f"      waiting on {s.kind} (deadline {deadline})")
         if s.next_attempt_at is not None and s.status == "retry_wait":
             lines.append(f"      next attempt at {s.next_attempt_at.isoformat()}")
     lines += [

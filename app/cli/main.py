@@ -17,6 +17,8 @@ from app.core.settings import Settings, format_settings_error
 app = typer.Typer(help="Treadle: durable workflows as a service.", no_args_is_help=True)
 runs_app = typer.Typer(help="Operate on runs through the HTTP API.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
+dlq_app = typer.Typer(help="Dead letters: list and requeue.", no_args_is_help=True)
+app.add_typer(dlq_app, name="dlq")
 
 EXAMPLE_HANDLERS = ["examples.orders"]
 
@@ -243,6 +245,95 @@ def runs_result(
     """Wait for and print a run's result."""
     with _client(url, tok) as c:
         _show(c.get(f"/runs/{run_id}/result", params={"wait": wait}))
+
+
+def _json_option(text: str | None) -> Any:
+    if text is None:
+        return None
+    raw = Path(text[1:]).read_text() if text.startswith("@") else text
+    try:
+        return stdjson.loads(raw)
+    except ValueError as exc:
+        _fail(f"--payload is not valid JSON: {exc}")
+
+
+@runs_app.command("signal")
+def runs_signal(
+    run_id: str,
+    name: str,
+    payload: Annotated[str | None, typer.Option(help="JSON payload or @file.json")] = None,
+    url: URL = "http://127.0.0.1:8000",
+    tok: TOKEN = None,
+) -> None:
+    """Send a signal to a run."""
+    with _client(url, tok) as c:
+        _show(c.post(f"/runs/{run_id}/signals/{name}", json={"payload": _json_option(payload)}))
+
+
+@runs_app.command("approve")
+def runs_approve(
+    run_id: str,
+    step: str,
+    reject: Annotated[bool, typer.Option("--reject", help="Reject instead")] = False,
+    comment: Annotated[str | None, typer.Option()] = None,
+    payload: Annotated[str | None, typer.Option(help="JSON payload or @file.json")] = None,
+    url: URL = "http://127.0.0.1:8000",
+    tok: TOKEN = None,
+) -> None:
+    """Approve (or --reject) a run's waiting approval."""
+    body = {
+        "decision": "reject" if reject else "approve",
+        "comment": comment,
+        "payload": _json_option(payload),
+    }
+    with _client(url, tok) as c:
+        _show(c.post(f"/runs/{run_id}/approvals/{step}", json=body))
+
+
+@runs_app.command("resume")
+def runs_resume(run_id: str, url: URL = "http://127.0.0.1:8000", tok: TOKEN = None) -> None:
+    """Make a waiting run due now."""
+    with _client(url, tok) as c:
+        _show(c.post(f"/runs/{run_id}/resume"))
+
+
+@runs_app.command("retry")
+def runs_retry(
+    run_id: str,
+    reason: Annotated[str, typer.Option(help="Why (audited)")],
+    correlation_id: Annotated[str | None, typer.Option()] = None,
+    url: URL = "http://127.0.0.1:8000",
+    tok: TOKEN = None,
+) -> None:
+    """Re-run a failed run from its failed point."""
+    body = {"reason": reason, "correlation_id": correlation_id}
+    with _client(url, tok) as c:
+        _show(c.post(f"/runs/{run_id}/retry", json=body))
+
+
+@dlq_app.command("list")
+def dlq_list(
+    all_: Annotated[bool, typer.Option("--all", help="Include requeued ones")] = False,
+    url: URL = "http://127.0.0.1:8000",
+    tok: TOKEN = None,
+) -> None:
+    """List dead letters (pending by default)."""
+    with _client(url, tok) as c:
+        _show(c.get("/dead-letters", params={"status": "all" if all_ else "pending"}))
+
+
+@dlq_app.command("requeue")
+def dlq_requeue(
+    dead_letter_id: str,
+    reason: Annotated[str, typer.Option(help="Why (audited)")],
+    correlation_id: Annotated[str | None, typer.Option()] = None,
+    url: URL = "http://127.0.0.1:8000",
+    tok: TOKEN = None,
+) -> None:
+    """Requeue a dead letter: the run re-runs from its failed point."""
+    body = {"reason": reason, "correlation_id": correlation_id}
+    with _client(url, tok) as c:
+        _show(c.post(f"/dead-letters/{dead_letter_id}/requeue", json=body))
 
 
 def main() -> None:

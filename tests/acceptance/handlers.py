@@ -63,3 +63,19 @@ class Payload(BaseModel):
 async def echo_flow(ctx: WorkflowContext, payload: Payload) -> object:
     """Echo the input through a journaled step."""
     return await ctx.step(echo_value, payload.value)
+
+
+def record_account(name: str, approver: str) -> str:
+    """Pretend to create an account."""
+    return f"acct-{name}-{approver}"
+
+
+@workflow("acc-approve")
+async def approve_flow(ctx: WorkflowContext, job: Job) -> dict[str, object]:
+    """Approval by a sales manager, then a documents signal, then one step."""
+    decision = await ctx.approval(
+        "manager", group="sales-manager", payload={"customer": job.name}, timeout=3600
+    )
+    docs = await ctx.signal("docs_uploaded", timeout=3600)
+    account = await ctx.step(record_account, job.name, decision.decided_by[0])
+    return {"account": account, "docs": docs, "comment": decision.comment}

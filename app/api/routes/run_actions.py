@@ -1,0 +1,139 @@
+"""Actions on a run from outside: signals, approval decisions, resume and retry."""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Body, Path
+
+from app.api import schemas
+from app.api.deps import DB, ApprovalsWrite, RunsWrite, SettingsDep, SignalsWrite
+from app.api.problems import PROBLEM_RESPONSES
+from app.api.routes.runs import parse_run_id
+from app.api.views import dead_letter_view, run_view
+from app.engine import control
+
+router = APIRouter(prefix="/runs", tags=["runs"])
+
+_CONFLICT: dict[int | str, dict[str, Any]] = {
+    409: {"model": schemas.Problem, "description": "Run finished or wrong state"}
+}
+SignalName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
+StepPath = Annotated[str, Path(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.\-#:]+$")]
+
+
+@router.post(
+    "/{run_id}/signals/{name}",
+    operation_id="send_signal",
+    status_code=202,
+    response_model=schemas.SignalAccepted,
+    responses={
+        **PROBLEM_RESPONSES,
+        **_CONFLICT,
+        413: {"model": schemas.Problem, "description": "Payload over the limit"},
+    },
+)
+async def send_signal(
+    run_id: str,
+    name: SignalName,
+    principal: SignalsWrite,
+    db: DB,
+    settings: SettingsDep,
+    body: Annotated[schemas.SendSignalRequest | None, Body()] = None,
+) -> schemas.SignalAccepted:
+    """Send the signal ``name`` to a run (scope ``signals:write``).
+
+    Signals that arrive before the run waits for them are buffered and consumed in order
+    by its next ``ctx.signal(name)``, each exactly once. 409 once the run has finished.
+    """
+    rid = parse_run_id(run_id)
+    signal_id = await control.send_signal(
+        db,
+        settings,
+        tenant_id=principal.tenant_id,
+        run_id=rid,
+        name=name,
+        payload=body.payload if body else None,
+        actor=principal.subject,
+    )
+    return schemas.SignalAccepted(run_id=rid, name=name, signal_id=signal_id)
+
+
+@router.post(
+    "/{run_id}/approvals/{step_id}",
+    operation_id="decide_approval",
+    response_model=schemas.ApprovalDecisionResult,
+    responses={**PROBLEM_RESPONSES, **_CONFLICT},
+)
+async def decide_approval(
+    run_id: str,
+    step_id: StepPath,
+    body: schemas.ApprovalDecisionRequest,
+    principal: ApprovalsWrite,
+    db: DB,
+    settings: SettingsDep,
+) -> schemas.ApprovalDecisionResult:
+    """Approve or reject a waiting approval (scope ``approvals:write``).
+
+    The decider is the token's subject. 403 if the approval names a group the token's
+    ``groups`` claim lacks, or if the subject submitted the run and self-approval is not
+    allowed; 404 for an unknown approval; 409 if it is not waiting, already decided, or
+    this subject already decided it.
+    """
+    rid = parse_run_id(run_id)
+    result = await control.decide_approval(
+        db,
+        settings,
+        tenant_id=principal.tenant_id,
+        run_id=rid,
+        step_id=step_id,
+        subject=principal.subject,
+        groups=principal.groups,
+        decision=body.decision,
+        payload=body.payload,
+        comment=body.comment,
+    )
+    return schemas.ApprovalDecisionResult(run_id=rid, **result)
+
+
+@router.post(
+    "/{run_id}/resume",
+    operation_id="resume_run",
+    response_model=schemas.Run,
+    responses={**PROBLEM_RESPONSES, **_CONFLICT},
+)
+async def resume_run(run_id: str, principal: RunsWrite, db: DB) -> schemas.Run:
+    """Make a waiting or retrying run due now (skip a backoff, re-check its waits).
+
+    A wait that is still unsatisfied simply waits again. 409 if the run is not waiting.
+    """
+    row = await control.resume(
+        db, tenant_id=principal.tenant_id, run_id=parse_run_id(run_id), actor=principal.subject
+    )
+    return run_view(row)
+
+
+@router.post(
+    "/{run_id}/retry",
+    operation_id="retry_run",
+    response_model=schemas.DeadLetter,
+    responses={**PROBLEM_RESPONSES, **_CONFLICT},
+)
+async def retry_run(
+    run_id: str, body: schemas.RequeueRequest, principal: RunsWrite, db: DB
+) -> schemas.DeadLetter:
+    """Re-run a failed run from its failed point (requeues its pending dead letter).
+
+    409 if the run is not failed or was already requeued.
+    """
+    rid = parse_run_id(run_id)
+    dl_id = await control.pending_dead_letter_id(db, tenant_id=principal.tenant_id, run_id=rid)
+    row = await control.requeue_dead_letter(
+        db,
+        tenant_id=principal.tenant_id,
+        dead_letter_id=dl_id,
+        actor=principal.subject,
+        reason=body.reason,
+        correlation_id=body.correlation_id,
+    )
+    return dead_letter_view(row)
