@@ -21,12 +21,12 @@ def manager_token(subject: str = "bob", tenant: str = "acme") -> str:
 
 def _status(stack: Stack, run_id: str, *wanted: str) -> dict[str, Any]:
     with stack.client() as c:
-        found: dict[str, Any] = wait_for_sync(
-            lambda: (r := c.get(f"/runs/{run_id}").json())["status"] in wanted and r,
-            timeout=60,
-            what=f"run in {wanted}",
-        )
-    return found
+
+        def probe() -> dict[str, Any] | None:
+            body: dict[str, Any] = c.get(f"/runs/{run_id}").json()
+            return body if body["status"] in wanted else None
+
+        return wait_for_sync(probe, timeout=60, what=f"run in {wanted}")
 
 
 def test_approval_and_signal_survive_a_killed_worker(stack: Stack) -> None:
