@@ -72,6 +72,8 @@ class EventKind(StrEnum):
     RUN_COMPLETED = "run_completed"
     RUN_FAILED = "run_failed"
     RUN_CANCELLED = "run_cancelled"
+    RUN_CANCEL_REQUESTED = "run_cancel_requested"
+    RUN_COMPENSATED = "run_compensated"
     STEP_STARTED = "step_started"
     STEP_SUCCEEDED = "step_succeeded"
     STEP_FAILED = "step_failed"

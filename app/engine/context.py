@@ -68,8 +68,10 @@ class ReplayContext(WorkflowContext):
         name: str | None,
         retry: RetryPolicy | None,
         timeout: float | None,
+        compensate: Callable[[Any], Any] | None = None,
+        compensate_retry: RetryPolicy | None = None,
     ) -> Coroutine[Any, Any, Any]:
-        from app.engine.executor import step_name
+        from app.engine.executor import Compensation, step_name
 
         if timeout is not None and timeout <= 0:
             raise ValueError("step timeout must be > 0 seconds")
@@ -86,6 +88,32 @@ class ReplayContext(WorkflowContext):
             retry=retry or DEFAULT_RETRY,
             timeout=timeout,
             entry=entry,
+            compensation=None
+            if compensate is None
+            else Compensation(
+                seq=seq,
+                step_id=step_id,
+                fn=compensate,
+                retry=compensate_retry or RetryPolicy(max_attempts=1),
+            ),
+        )
+
+    def compensation_step(self, comp: Any, result: Any) -> Coroutine[Any, Any, Any]:
+        """Journal and run one registered compensation (``<step_id>__compensate``)."""
+        from app.engine.executor import COMPENSATION_SEQ_BASE
+
+        step_id = f"{comp.step_id}__compensate"
+        seq = COMPENSATION_SEQ_BASE + comp.seq
+        entry = self._exec.journal.get(step_id)
+        return self._exec.run_step(
+            step_id=step_id,
+            seq=seq,
+            fn=comp.fn,
+            args=(result,),
+            retry=comp.retry,
+            timeout=None,
+            entry=entry,
+            kind="compensation",
         )
 
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:

@@ -38,15 +38,37 @@ async def cancel(
     A worker executing it can never commit again: it stops at its next checkpoint or
     heartbeat.
 
+    A run with registered compensations goes to ``cancelling`` instead: a worker runs its
+    compensations, then it becomes ``cancelled`` (or ``failed`` if one failed).
+
     Returns:
-        The run row after the call. Cancelling a cancelled run is idempotent.
+        The run row after the call. Cancelling a cancelled (or cancelling) run is
+        idempotent.
 
     Raises:
         RunNotFound: not this tenant's run.
         RunFinished: the run already finished otherwise (409).
     """
     async with db.write() as conn:
-        await runs_q.get_run(conn, tenant_id, run_id)  # 404 for other tenants
+        run = await runs_q.lock_run(conn, tenant_id, run_id)  # 404 for other tenants
+        status = RunStatus(run["status"])
+        if status in (RunStatus.CANCELLING, RunStatus.COMPENSATING):
+            return run  # already being undone: cancelling again changes nothing
+        if not status.is_terminal and await steps_q.has_compensations(conn, run_id):
+            # Undo first: a worker claims the run, runs its compensations in reverse
+            # order, and only then is it ``cancelled``.
+            await runs_q.request_cancel(conn, run_id=run_id)
+            await steps_q.cancel_running(conn, run_id)
+            await events_q.append(
+                conn,
+                run_id=run_id,
+                tenant_id=tenant_id,
+                kind=EventKind.RUN_CANCEL_REQUESTED,
+                actor=actor,
+                data={"reason": reason},
+            )
+            await notify(conn)
+            return await runs_q.get_run(conn, tenant_id, run_id)
         if await runs_q.cancel_run(conn, run_id=run_id, tenant_id=tenant_id):
             await steps_q.cancel_running(conn, run_id)
             await events_q.append(

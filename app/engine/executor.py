@@ -52,10 +52,43 @@ class Completed:
 
 @dataclass(frozen=True, slots=True)
 class Failed:
-    """The run failed for good with ``reason``; ``error`` is a JSON-able description."""
+    """The run ended without a result: ``status`` with ``reason``.
+
+    ``status`` is ``failed`` (a dead letter is written), ``compensated`` (failed, and every
+    compensation succeeded) or ``cancelled``. ``error`` is a JSON-able description.
+    """
 
     reason: RunReason
-    error: dict[str, Any]
+    error: dict[str, Any] | None
+    status: RunStatus = RunStatus.FAILED
+
+
+@dataclass(frozen=True, slots=True)
+class Compensation:
+    """An undo action registered by ``ctx.step(..., compensate=fn)``."""
+
+    seq: int
+    step_id: str
+    fn: Callable[..., Any]
+    retry: RetryPolicy
+
+
+# Compensation steps get sequence numbers far above any body step (seq of the step they
+# undo + this), so they never collide with the body's call order.
+COMPENSATION_SEQ_BASE = 1_000_000_000
+_DONE = (
+    StepStatus.SUCCEEDED,
+    StepStatus.COMPENSATING,
+    StepStatus.COMPENSATED,
+    StepStatus.COMPENSATION_FAILED,
+)
+
+
+class CancelPoint(BaseException):
+    """Raised in a cancelling run's replay where new work would start.
+
+    Not catchable by ``except Exception``: the body stops there and compensation begins.
+    """
 
 
 WakeCheck = Callable[[AsyncConnection], Awaitable[bool]]
@@ -183,6 +216,9 @@ class RunExecution:
         self._step_tasks: set[asyncio.Task[Any]] = set()
         self.nondeterminism: NondeterminismError | None = None
         self.failure: Failed | None = None
+        # A cancelled run is replayed only to rebuild its compensations, never to advance.
+        self.cancelling = run["status"] == RunStatus.CANCELLING.value
+        self._registered: list[tuple[Compensation, Any]] = []
 
     def db_now(self) -> datetime:
         """The database clock, estimated from the claim time plus local monotonic time."""
@@ -236,8 +272,10 @@ class RunExecution:
             await asyncio.gather(body, *leftovers, return_exceptions=True)
         if self.nondeterminism is not None:
             return Failed(RunReason.FAILURE_NONDETERMINISM, error_info(self.nondeterminism))
+        if self.cancelling:
+            return await self._compensate(ctx, None)
         if self.failure is not None:
-            return self.failure
+            return await self._compensate(ctx, self.failure)
         if self._suspends:
             timed = [w for w in self._suspends if w.delay is not None]
             first = min(timed, key=lambda w: w.delay or 0.0) if timed else self._suspends[0]
@@ -254,7 +292,7 @@ class RunExecution:
         if escaped is not None:
             if not isinstance(escaped, Exception):
                 raise escaped  # LeaseLost and friends
-            return self._failure_from(escaped)
+            return await self._compensate(ctx, self._failure_from(escaped))
         output = body.result()
         try:
             payload = self.definition.output_adapter.dump_python(output, mode="json")
@@ -265,6 +303,70 @@ class RunExecution:
 
     async def _body(self, ctx: WorkflowContext, input_value: Any) -> Any:
         return await self.definition.fn(ctx, input_value)
+
+    def cancel_point(self) -> None:
+        """Stop a cancelling run's replay where it would start new work.
+
+        Raises:
+            CancelPoint: the run is being cancelled.
+        """
+        if self.cancelling:
+            raise CancelPoint()
+
+    async def _compensate(self, ctx: Any, cause: Failed | None) -> Failed:
+        """Run registered compensations in reverse call order; ``cause`` None = cancel.
+
+        Returns the terminal outcome: ``compensated`` / ``cancelled`` when every undo
+        succeeded, else ``failed`` listing the compensations that failed.
+        """
+        if cause is not None and cause.reason == RunReason.FAILURE_NONDETERMINISM:
+            return cause  # the code changed under the run: do not run its undo actions
+        if not self._registered:
+            if cause is None:
+                return Failed(RunReason.CANCELED_BY_REQUEST, None, RunStatus.CANCELLED)
+            return cause
+        if cause is not None:
+
+            async def mark(conn: AsyncConnection) -> None:
+                await runs_q.set_leased_status(
+                    conn, run_id=self.run_id, fence=self.fence, status=RunStatus.COMPENSATING
+                )
+
+            await self.write(mark)
+        failures: list[dict[str, Any]] = []
+        for comp, result in sorted(self._registered, key=lambda c: c[0].seq, reverse=True):
+            try:
+                await ctx.compensation_step(comp, result)
+                outcome = StepStatus.COMPENSATED
+            except StepFailed as exc:
+                failures.append({"step_id": comp.step_id, "error": exc.message})
+                outcome = StepStatus.COMPENSATION_FAILED
+
+            async def record(
+                conn: AsyncConnection, sid: str = comp.step_id, st: StepStatus = outcome
+            ) -> None:
+                await steps_q.set_status(conn, run_id=self.run_id, step_id=sid, status=st)
+
+            await self.write(record)
+        compensated = [c.step_id for c, _ in self._registered]
+        if failures:
+            base = cause.error if cause is not None and cause.error else {}
+            return Failed(
+                cause.reason if cause is not None else RunReason.FAILURE_NON_RETRYABLE,
+                {
+                    **base,
+                    "compensation_failures": failures,
+                    "message": f"{len(failures)} compensation(s) failed: "
+                    + ", ".join(f["step_id"] for f in failures),
+                },
+            )
+        if cause is None:
+            return Failed(
+                RunReason.CANCELED_BY_REQUEST, {"compensated": compensated}, RunStatus.CANCELLED
+            )
+        return Failed(
+            cause.reason, {**(cause.error or {}), "compensated": compensated}, RunStatus.COMPENSATED
+        )
 
     @staticmethod
     def _failure_from(exc: BaseException) -> Failed:
@@ -308,13 +410,15 @@ class RunExecution:
         retry: RetryPolicy,
         timeout: float | None,
         entry: RowMapping | None,
+        compensation: Compensation | None = None,
+        kind: str = "step",
     ) -> Any:
         """Return a journaled result or execute the step's attempts (see ``ctx.step``)."""
         task = asyncio.current_task()
         if task is not None:
             self._step_tasks.add(task)
         try:
-            return await self._run_step(
+            result = await self._run_step(
                 step_id=step_id,
                 seq=seq,
                 fn=fn,
@@ -322,7 +426,12 @@ class RunExecution:
                 retry=retry,
                 timeout=timeout,
                 entry=entry,
+                compensation=compensation,
+                kind=kind,
             )
+            if compensation is not None:
+                self._registered.append((compensation, result))
+            return result
         finally:
             if task is not None:
                 self._step_tasks.discard(task)
@@ -337,16 +446,23 @@ class RunExecution:
         retry: RetryPolicy,
         timeout: float | None,
         entry: RowMapping | None,
+        compensation: Compensation | None,
+        kind: str,
     ) -> Any:
         adapter = _output_adapter(fn)
         name = step_name(fn)
         attempt = 0
         due: datetime | None = None
+        if entry is not None and StepStatus(entry["status"]) in _DONE:
+            return adapter.validate_python(json.loads(entry["output"]))
+        if kind != "compensation":
+            self.cancel_point()
+        detail = (
+            None if compensation is None else json.dumps({"compensate": step_name(compensation.fn)})
+        )
         if entry is not None:
             status = StepStatus(entry["status"])
             attempt = int(entry["attempt"])
-            if status == StepStatus.SUCCEEDED:
-                return adapter.validate_python(json.loads(entry["output"]))
             if status in (StepStatus.FAILED, StepStatus.TIMED_OUT):
                 err = json.loads(entry["error"]) or {}
                 raise StepFailed(
@@ -364,7 +480,7 @@ class RunExecution:
                 await self._finish_step_failed(
                     step_id, StepStatus.FAILED, RunReason.FAILURE_ATTEMPTS_EXHAUSTED, lost, attempt
                 )
-        elif seq >= self.settings.max_steps_per_run:
+        elif kind != "compensation" and seq >= self.settings.max_steps_per_run:
             ceiling = CeilingExceeded(
                 f"run reached TREADLE_MAX_STEPS_PER_RUN={self.settings.max_steps_per_run}",
                 ceiling="max_steps_per_run",
@@ -386,7 +502,7 @@ class RunExecution:
             self._active += 1
             try:
                 result = await self._attempt(
-                    step_id, seq, name, fn, args, retry, timeout, attempt, adapter
+                    step_id, seq, name, fn, args, retry, timeout, attempt, adapter, kind, detail
                 )
             finally:
                 self._active -= 1
@@ -406,6 +522,8 @@ class RunExecution:
         timeout: float | None,
         attempt: int,
         adapter: TypeAdapter[Any],
+        kind: str,
+        detail: str | None,
     ) -> Any:
         async def start(conn: AsyncConnection) -> None:
             await steps_q.start_attempt(
@@ -414,7 +532,8 @@ class RunExecution:
                 tenant_id=self.tenant_id,
                 step_id=step_id,
                 seq=seq,
-                kind="step",
+                detail=detail,
+                kind=kind,
                 name=name,
                 attempt=attempt,
                 max_attempts=retry.max_attempts,

@@ -163,6 +163,7 @@ async def timer(
     """``ctx.sleep`` / ``ctx.sleep_until``: due at a fixed database time."""
     if entry is not None and entry["status"] == StepStatus.SUCCEEDED:
         return
+    ex.cancel_point()
     if entry is None:
         deadline = until if until is not None else ex.db_now() + timedelta(seconds=seconds or 0)
 
@@ -215,6 +216,7 @@ async def signal(
         return json.loads(entry["output"])
     if entry is not None and entry["status"] == StepStatus.TIMED_OUT:
         raise WaitTimedOut(step_id, "signal", entry["deadline"].isoformat())
+    ex.cancel_point()
     deadline: datetime | None = (
         entry["deadline"]
         if entry is not None
@@ -298,6 +300,7 @@ async def approval(
     elif entry is not None and entry["status"] == StepStatus.TIMED_OUT:
         raise WaitTimedOut(step_id, "approval", entry["deadline"].isoformat())
     else:
+        ex.cancel_point()
         decision = await _await_decision(ex, step_id=step_id, seq=seq, entry=entry, config=config)
     if decision.approved:
         return decision
@@ -401,6 +404,7 @@ async def value(
     """``ctx.now`` / ``uuid`` / ``random``: produced once, journaled, replayed verbatim."""
     if entry is not None:
         return decode(json.loads(entry["output"]))
+    ex.cancel_point()
     produced = produce()
     text = json.dumps(produced)
 

@@ -88,6 +88,8 @@ class WorkflowContext(abc.ABC):
         name: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        compensate: Callable[[Any], Any] | None = None,
+        compensate_retry: RetryPolicy | None = None,
     ) -> Awaitable[T]: ...
 
     @overload
@@ -98,6 +100,8 @@ class WorkflowContext(abc.ABC):
         name: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        compensate: Callable[[Any], Any] | None = None,
+        compensate_retry: RetryPolicy | None = None,
     ) -> Awaitable[T]: ...
 
     def step(
@@ -107,6 +111,8 @@ class WorkflowContext(abc.ABC):
         name: str | None = None,
         retry: RetryPolicy | None = None,
         timeout: float | None = None,
+        compensate: Callable[[Any], Any] | None = None,
+        compensate_retry: RetryPolicy | None = None,
     ) -> Awaitable[Any]:
         """Run ``fn(*args)`` as a journaled step, at least once.
 
@@ -121,6 +127,11 @@ class WorkflowContext(abc.ABC):
                 one run gets ``#2``, ``#3`` … appended.
             retry: retry policy (default :data:`app.sdk.retry.DEFAULT_RETRY`).
             timeout: seconds per attempt; an attempt that outruns it is ``timed_out``.
+            compensate: undo action, registered only once this step succeeds, called with
+                the step's result if an error later escapes the workflow or the run is
+                cancelled. Compensations run in reverse call order, each journaled as
+                ``<step_id>__compensate``; one failing does not stop the others.
+            compensate_retry: retry policy of the undo action (default: one attempt).
 
         Returns:
             An awaitable of the step's result, validated against ``fn``'s return annotation
@@ -130,7 +141,15 @@ class WorkflowContext(abc.ABC):
             StepFailed: the step gave up (``Permanent``, attempts exhausted, timed out).
             ValueError: ``timeout`` is not positive.
         """
-        return self._step(fn, args, name=name, retry=retry, timeout=timeout)
+        return self._step(
+            fn,
+            args,
+            name=name,
+            retry=retry,
+            timeout=timeout,
+            compensate=compensate,
+            compensate_retry=compensate_retry,
+        )
 
     @abc.abstractmethod
     def _step(
@@ -141,6 +160,8 @@ class WorkflowContext(abc.ABC):
         name: str | None,
         retry: RetryPolicy | None,
         timeout: float | None,
+        compensate: Callable[[Any], Any] | None = None,
+        compensate_retry: RetryPolicy | None = None,
     ) -> Awaitable[Any]:
         """Engine hook behind :meth:`step`."""
 

@@ -232,44 +232,50 @@ class Worker:
                 )
                 self.stats.completed += 1
             elif isinstance(outcome, Failed):
-                error_text = json.dumps(outcome.error)
+                error = outcome.error or {}
+                error_text = None if outcome.error is None else json.dumps(outcome.error)
                 await runs_q.finish_run(
                     conn,
                     run_id=run_id,
                     fence=fence,
-                    status=RunStatus.FAILED,
+                    status=outcome.status,
                     reason=outcome.reason.value,
                     output=None,
                     error=error_text,
                 )
-                # Branches still mid-attempt when the body failed were cancelled.
+                # Branches still mid-attempt when the body ended were cancelled.
                 await steps_q.cancel_running(conn, run_id)
-                dl_id = await dl_q.insert_dead_letter(
-                    conn,
-                    run_id=run_id,
-                    tenant_id=tenant_id,
-                    workflow=row["workflow"],
-                    reason=outcome.reason.value,
-                    error=error_text,
-                )
+                kind = {
+                    RunStatus.CANCELLED: EventKind.RUN_CANCELLED,
+                    RunStatus.COMPENSATED: EventKind.RUN_COMPENSATED,
+                }.get(outcome.status, EventKind.RUN_FAILED)
                 await events_q.append(
                     conn,
                     run_id=run_id,
                     tenant_id=tenant_id,
-                    kind=EventKind.RUN_FAILED,
+                    kind=kind,
                     data={
                         "reason": outcome.reason.value,
-                        "error_type": outcome.error.get("type"),
-                        "message": str(outcome.error.get("message", ""))[:500],
+                        "error_type": error.get("type"),
+                        "message": str(error.get("message", ""))[:500],
                     },
                 )
-                await events_q.append(
-                    conn,
-                    run_id=run_id,
-                    tenant_id=tenant_id,
-                    kind=EventKind.DEAD_LETTER_WRITTEN,
-                    data={"dead_letter_id": str(dl_id)},
-                )
+                if outcome.status == RunStatus.FAILED:
+                    dl_id = await dl_q.insert_dead_letter(
+                        conn,
+                        run_id=run_id,
+                        tenant_id=tenant_id,
+                        workflow=row["workflow"],
+                        reason=outcome.reason.value,
+                        error=error_text,
+                    )
+                    await events_q.append(
+                        conn,
+                        run_id=run_id,
+                        tenant_id=tenant_id,
+                        kind=EventKind.DEAD_LETTER_WRITTEN,
+                        data={"dead_letter_id": str(dl_id)},
+                    )
                 self.stats.failed += 1
             elif isinstance(outcome, Suspended):
                 await runs_q.release_run(

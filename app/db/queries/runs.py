@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, select, tuple_, update
+from sqlalchemy import RowMapping, case, func, select, tuple_, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -19,9 +19,15 @@ from app.db.tables import runs
 # Statuses a worker may claim once ``available_at`` has passed. ``running`` is here on
 # purpose: a running run's ``available_at`` is its lease expiry, so the same claim query
 # recovers runs whose worker died.
+# Statuses under which a worker holds the lease: every fenced write requires one of them.
+LEASED_STATUSES = (RunStatus.RUNNING, RunStatus.CANCELLING, RunStatus.COMPENSATING)
+_LEASED = [s.value for s in LEASED_STATUSES]
+
 CLAIMABLE_STATUSES = (
     RunStatus.QUEUED,
     RunStatus.RUNNING,
+    RunStatus.CANCELLING,
+    RunStatus.COMPENSATING,
     RunStatus.RETRYING,
     RunStatus.WAITING_TIMER,
     RunStatus.WAITING_SIGNAL,
@@ -169,7 +175,14 @@ async def claim_runs(
         update(runs)
         .where(runs.c.run_id == due_cte.c.run_id)
         .values(
-            status=RunStatus.RUNNING.value,
+            # A run being cancelled or compensated stays so: the claimer finishes that job.
+            status=case(
+                (
+                    runs.c.status.in_([RunStatus.CANCELLING.value, RunStatus.COMPENSATING.value]),
+                    runs.c.status,
+                ),
+                else_=RunStatus.RUNNING.value,
+            ),
             fence=runs.c.fence + 1,
             attempt=runs.c.attempt + 1,
             lease_owner=worker_id,
@@ -205,7 +218,7 @@ async def renew_leases(
         .where(
             runs.c.run_id.in_(list(run_ids)),
             runs.c.lease_owner == worker_id,
-            runs.c.status == RunStatus.RUNNING.value,
+            runs.c.status.in_(_LEASED),
         )
         .values(lease_expires_at=lease_until, available_at=lease_until)
         .returning(runs.c.run_id, runs.c.fence)
@@ -231,7 +244,7 @@ async def check_fence(conn: AsyncConnection, run_id: uuid.UUID, fence: int) -> N
         .where(
             runs.c.run_id == run_id,
             runs.c.fence == fence,
-            runs.c.status == RunStatus.RUNNING.value,
+            runs.c.status.in_(_LEASED),
         )
         .values(updated_at=now_expr(dialect))
     )
@@ -262,7 +275,7 @@ async def finish_run(
         .where(
             runs.c.run_id == run_id,
             runs.c.fence == fence,
-            runs.c.status == RunStatus.RUNNING.value,
+            runs.c.status.in_(_LEASED),
         )
         .values(
             status=status.value,
@@ -304,10 +317,13 @@ async def release_run(
         .where(
             runs.c.run_id == run_id,
             runs.c.fence == fence,
-            runs.c.status == RunStatus.RUNNING.value,
+            runs.c.status.in_(_LEASED),
         )
         .values(
-            status=status.value,
+            # A draining worker gives back a cancelling run as cancelling, not queued.
+            status=case(
+                (runs.c.status == RunStatus.RUNNING.value, status.value), else_=runs.c.status
+            ),
             lease_owner=None,
             lease_expires_at=None,
             available_at=available,
@@ -319,6 +335,47 @@ async def release_run(
     )
     if (await conn.execute(stmt)).rowcount != 1:
         raise LeaseLost(run_id)
+
+
+async def set_leased_status(
+    conn: AsyncConnection, *, run_id: uuid.UUID, fence: int, status: RunStatus
+) -> None:
+    """Change the status of a run we hold (e.g. to ``compensating``).
+
+    Raises:
+        LeaseLost: the fence moved.
+    """
+    stmt = (
+        update(runs)
+        .where(runs.c.run_id == run_id, runs.c.fence == fence, runs.c.status.in_(_LEASED))
+        .values(status=status.value, updated_at=now_expr(_dialect(conn)))
+    )
+    if (await conn.execute(stmt)).rowcount != 1:
+        raise LeaseLost(run_id)
+
+
+async def request_cancel(conn: AsyncConnection, *, run_id: uuid.UUID) -> None:
+    """Move a live run to ``cancelling``: fence advanced, due now.
+
+    A worker then claims it to run its compensations (DESIGN §1: cancel triggers
+    compensation).
+    """
+    now = now_expr(_dialect(conn))
+    await conn.execute(
+        update(runs)
+        .where(runs.c.run_id == run_id)
+        .values(
+            status=RunStatus.CANCELLING.value,
+            fence=runs.c.fence + 1,
+            lease_owner=None,
+            lease_expires_at=None,
+            available_at=now,
+            waiting_kind=None,
+            waiting_name=None,
+            waiting_deadline=None,
+            updated_at=now,
+        )
+    )
 
 
 async def make_due(conn: AsyncConnection, *, run_id: uuid.UUID) -> bool:

@@ -11,6 +11,7 @@ from sqlalchemy import RowMapping, func, insert, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core import json
 from app.core.status import StepStatus
 from app.db.dialect import now_expr, now_plus
 from app.db.tables import steps
@@ -34,8 +35,11 @@ async def start_attempt(
     attempt: int,
     max_attempts: int,
     fence: int,
+    detail: str | None = None,
 ) -> None:
     """Record that attempt ``attempt`` of a step starts now (insert or update).
+
+    ``detail`` (JSON text) marks e.g. a step that registers a compensation.
 
     Call after :func:`app.db.queries.runs.check_fence` in the same transaction.
     """
@@ -55,6 +59,7 @@ async def start_attempt(
         "started_at": now,
         "fence": fence,
         "next_attempt_at": None,
+        "detail": detail,
     }
     ins: Any = (postgresql if dialect == "postgresql" else sqlite).insert(steps).values(values)
     stmt = ins.on_conflict_do_update(
@@ -185,3 +190,28 @@ async def insert_step(
             finished_at=finished,
         )
     )
+
+
+async def set_status(
+    conn: AsyncConnection, *, run_id: uuid.UUID, step_id: str, status: StepStatus
+) -> None:
+    """Set one step's status (the original step of a compensation: compensated/failed)."""
+    await conn.execute(
+        update(steps)
+        .where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+        .values(status=status.value)
+    )
+
+
+async def has_compensations(conn: AsyncConnection, run_id: uuid.UUID) -> bool:
+    """True if a succeeded step of the run registered a compensation."""
+    rows = (
+        await conn.execute(
+            select(steps.c.detail).where(
+                steps.c.run_id == run_id,
+                steps.c.status == StepStatus.SUCCEEDED.value,
+                steps.c.detail.is_not(None),
+            )
+        )
+    ).scalars()
+    return any("compensate" in (json.loads(d) or {}) for d in rows)
