@@ -89,4 +89,5 @@ class EventKind(StrEnum):
     APPROVAL_DECIDED = "approval_decided"
     APPROVAL_RESOLVED = "approval_resolved"
     RUN_RESUMED = "run_resumed"
+    CHILD_FINISHED = "child_finished"
     RUN_RETRIED = "run_retried"

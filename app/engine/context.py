@@ -8,10 +8,13 @@ from collections.abc import Callable, Coroutine
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
+from pydantic import BaseModel
+
 from app.engine import waits
 from app.sdk.context import ApprovalDecision, WorkflowContext
 from app.sdk.errors import NondeterminismError
 from app.sdk.retry import DEFAULT_RETRY, RetryPolicy
+from app.sdk.workflow import WorkflowDefinition
 
 if TYPE_CHECKING:
     from sqlalchemy import RowMapping
@@ -184,6 +187,55 @@ class ReplayContext(WorkflowContext):
                 self_approval=self_approval,
             ),
             on_reject=on_reject,
+        )
+
+    def child(
+        self,
+        workflow: str | WorkflowDefinition[Any, Any],
+        input: Any,
+        *,
+        version: str | None = None,
+    ) -> Coroutine[Any, Any, Any]:
+        """See :meth:`app.sdk.context.WorkflowContext.child`."""
+        return self._child(workflow, input, version, detached=False)
+
+    def start_child(
+        self,
+        workflow: str | WorkflowDefinition[Any, Any],
+        input: Any,
+        *,
+        version: str | None = None,
+    ) -> Coroutine[Any, Any, Any]:
+        """See :meth:`app.sdk.context.WorkflowContext.start_child`."""
+        return self._child(workflow, input, version, detached=True)
+
+    def _child(
+        self,
+        workflow: str | WorkflowDefinition[Any, Any],
+        input_value: Any,
+        version: str | None,
+        *,
+        detached: bool,
+    ) -> Coroutine[Any, Any, Any]:
+        if isinstance(workflow, WorkflowDefinition):
+            name, version = workflow.name, version or workflow.version
+        else:
+            name = workflow
+        if isinstance(input_value, BaseModel):
+            input_value = input_value.model_dump(mode="json")
+        try:
+            step_id, seq, entry = self._assign(f"child:{name}", "child", name)
+        except NondeterminismError as err:
+            return _raise(err)
+        return waits.child(
+            self._exec,
+            step_id=step_id,
+            seq=seq,
+            entry=entry,
+            workflow=name,
+            input_value=input_value,
+            version=version,
+            detached=detached,
         )
 
     def now(self) -> Coroutine[Any, Any, datetime]:

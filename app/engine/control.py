@@ -50,43 +50,81 @@ async def cancel(
         RunFinished: the run already finished otherwise (409).
     """
     async with db.write() as conn:
-        run = await runs_q.lock_run(conn, tenant_id, run_id)  # 404 for other tenants
-        status = RunStatus(run["status"])
-        if status in (RunStatus.CANCELLING, RunStatus.COMPENSATING):
-            return run  # already being undone: cancelling again changes nothing
-        if not status.is_terminal and await steps_q.has_compensations(conn, run_id):
-            # Undo first: a worker claims the run, runs its compensations in reverse
-            # order, and only then is it ``cancelled``.
-            await runs_q.request_cancel(conn, run_id=run_id)
-            await steps_q.cancel_running(conn, run_id)
-            await events_q.append(
-                conn,
-                run_id=run_id,
-                tenant_id=tenant_id,
-                kind=EventKind.RUN_CANCEL_REQUESTED,
-                actor=actor,
-                data={"reason": reason},
-            )
-            await notify(conn)
-            return await runs_q.get_run(conn, tenant_id, run_id)
-        if await runs_q.cancel_run(conn, run_id=run_id, tenant_id=tenant_id):
-            await steps_q.cancel_running(conn, run_id)
-            await events_q.append(
-                conn,
-                run_id=run_id,
-                tenant_id=tenant_id,
-                kind=EventKind.RUN_CANCELLED,
-                actor=actor,
-                data={"reason": reason},
-            )
-        row = await runs_q.get_run(conn, tenant_id, run_id)
-    if row["status"] != RunStatus.CANCELLED.value:
+        row = await _cancel_in(conn, tenant_id=tenant_id, run_id=run_id, actor=actor, reason=reason)
+    if row["status"] not in (
+        RunStatus.CANCELLED.value,
+        RunStatus.CANCELLING.value,
+        RunStatus.COMPENSATING.value,
+    ):
         raise RunFinished(
             f"run {run_id} already finished with status {row['status']!r}",
             run_id=str(run_id),
             run_status=row["status"],
         )
     return row
+
+
+async def _cancel_in(
+    conn: AsyncConnection, *, tenant_id: str, run_id: uuid.UUID, actor: str, reason: str | None
+) -> RowMapping:
+    """Cancel one run and, recursively, the joined children it waits for."""
+    run = await runs_q.lock_run(conn, tenant_id, run_id)  # 404 for other tenants
+    status = RunStatus(run["status"])
+    if not status.is_terminal:
+        for child_id in await _joined_children(conn, run_id):
+            await _cancel_in(
+                conn,
+                tenant_id=tenant_id,
+                run_id=child_id,
+                actor=actor,
+                reason=f"parent {run_id} cancelled",
+            )
+    if status in (RunStatus.CANCELLING, RunStatus.COMPENSATING):
+        return run  # already being undone: cancelling again changes nothing
+    if not status.is_terminal and await steps_q.has_compensations(conn, run_id):
+        # Undo first: a worker claims the run, runs its compensations in reverse
+        # order, and only then is it ``cancelled``.
+        await runs_q.request_cancel(conn, run_id=run_id)
+        await steps_q.cancel_running(conn, run_id)
+        await events_q.append(
+            conn,
+            run_id=run_id,
+            tenant_id=tenant_id,
+            kind=EventKind.RUN_CANCEL_REQUESTED,
+            actor=actor,
+            data={"reason": reason},
+        )
+        await notify(conn)
+        return await runs_q.get_run(conn, tenant_id, run_id)
+    if await runs_q.cancel_run(conn, run_id=run_id, tenant_id=tenant_id):
+        await steps_q.cancel_running(conn, run_id)
+        await events_q.append(
+            conn,
+            run_id=run_id,
+            tenant_id=tenant_id,
+            kind=EventKind.RUN_CANCELLED,
+            actor=actor,
+            data={"reason": reason},
+        )
+    return await runs_q.get_run(conn, tenant_id, run_id)
+
+
+async def _joined_children(conn: AsyncConnection, run_id: uuid.UUID) -> list[uuid.UUID]:
+    rows = (
+        await conn.execute(
+            select(steps.c.detail).where(
+                steps.c.run_id == run_id,
+                steps.c.kind == "child",
+                steps.c.status == StepStatus.WAITING.value,
+            )
+        )
+    ).scalars()
+    found = []
+    for detail in rows:
+        info = json.loads(detail) or {}
+        if not info.get("detached"):
+            found.append(uuid.UUID(info["child_run_id"]))
+    return found
 
 
 def _require_live(run: RowMapping) -> None:

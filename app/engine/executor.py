@@ -35,6 +35,7 @@ from app.db.database import Database
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
+from app.engine.submit import Submitter
 from app.sdk.context import StepInfo, WorkflowContext, _current_step
 from app.sdk.errors import NondeterminismError, Permanent, StepFailed
 from app.sdk.retry import RetryPolicy
@@ -196,6 +197,7 @@ class RunExecution:
         definition: WorkflowDefinition[Any, Any],
         journal: Sequence[RowMapping],
         worker_id: str,
+        submitter: Submitter | None = None,
     ) -> None:
         self.db = db
         self.settings = settings
@@ -205,6 +207,7 @@ class RunExecution:
         self.run = run
         self.definition = definition
         self.worker_id = worker_id
+        self.submitter = submitter or Submitter(db, settings)
         self.journal: dict[str, RowMapping] = {r["step_id"]: r for r in journal}
         self.journal_by_seq: dict[int, RowMapping] = {int(r["seq"]): r for r in journal}
         self._db_now_at_claim: datetime = run["updated_at"]

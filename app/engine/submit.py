@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any
 
@@ -125,19 +126,13 @@ class Submitter:
         self._cache[key] = (time.monotonic() + self.cache_seconds, found)
         return found
 
-    async def submit(
-        self, request: SubmitRequest, *, tenant_id: str, subject: str
-    ) -> tuple[RowMapping, bool]:
-        """Create a run, or return the existing one for an identical idempotent retry.
-
-        Returns:
-            ``(run row, created)``: created is False for an idempotent replay.
+    async def prepare(self, request: SubmitRequest) -> tuple[str, str]:
+        """Check a submission without writing: returns ``(input JSON text, version)``.
 
         Raises:
             WorkflowNotFound: unknown workflow or version (404).
             InvalidInput: input fails the registered JSON Schema (422, with field paths).
             PayloadTooLarge: encoded input over ``TREADLE_MAX_PAYLOAD_BYTES`` (413).
-            IdempotencyConflict: the key was used for a different request (409).
         """
         try:
             input_text = json.dumps_limited(request.input, self.settings.max_payload_bytes, "input")
@@ -160,46 +155,86 @@ class Submitter:
                     for e in errors[:20]
                 ],
             )
-        fingerprint = request.fingerprint()
+        return input_text, definition.version
+
+    async def submit(
+        self, request: SubmitRequest, *, tenant_id: str, subject: str
+    ) -> tuple[RowMapping, bool]:
+        """Create a run, or return the existing one for an identical idempotent retry.
+
+        Returns:
+            ``(run row, created)``: created is False for an idempotent replay.
+
+        Raises:
+            WorkflowNotFound, InvalidInput, PayloadTooLarge: see :meth:`prepare`.
+            IdempotencyConflict: the key was used for a different request (409).
+        """
+        input_text, version = await self.prepare(request)
         async with self.db.write() as conn:
-            row = await runs_q.insert_run(
-                conn,
-                {
-                    "run_id": new_run_id(),
-                    "tenant_id": tenant_id,
-                    "workflow": request.workflow,
-                    "version": definition.version,
-                    "status": RunStatus.QUEUED.value,
-                    "input": input_text,
-                    "idempotency_key": request.idempotency_key,
-                    "request_hash": fingerprint,
-                    "concurrency_key": request.concurrency_key,
-                    "created_by": subject,
-                    "delay": request.delay,
-                },
+            return await insert_prepared(
+                conn, request, input_text, version, tenant_id=tenant_id, subject=subject
             )
-            if row is not None:
-                await events_q.append(
-                    conn,
-                    run_id=row["run_id"],
-                    tenant_id=tenant_id,
-                    kind=EventKind.RUN_SUBMITTED,
-                    actor=subject,
-                    data={"workflow": request.workflow, "version": definition.version},
-                )
-                await notify(conn)
-                return row, True
-            assert request.idempotency_key is not None
-            existing = await runs_q.get_by_idempotency_key(conn, tenant_id, request.idempotency_key)
-        if existing is None:  # pragma: no cover - the conflicting row cannot vanish
-            raise IdempotencyConflict("idempotency key conflict; retry the request")
-        if existing["request_hash"] != fingerprint:
-            raise IdempotencyConflict(
-                f"idempotency key {request.idempotency_key!r} was already used for a "
-                "different request (workflow, version, input or options differ)",
-                run_id=str(existing["run_id"]),
-            )
-        return existing, False
+
+
+async def insert_prepared(
+    conn: AsyncConnection,
+    request: SubmitRequest,
+    input_text: str,
+    version: str,
+    *,
+    tenant_id: str,
+    subject: str,
+    parent_run_id: uuid.UUID | None = None,
+) -> tuple[RowMapping, bool]:
+    """Insert a prepared run inside the caller's transaction (idempotency included).
+
+    Raises:
+        IdempotencyConflict: the key was used for a different request (409).
+    """
+    fingerprint = request.fingerprint()
+    row = await runs_q.insert_run(
+        conn,
+        {
+            "run_id": new_run_id(),
+            "tenant_id": tenant_id,
+            "workflow": request.workflow,
+            "version": version,
+            "status": RunStatus.QUEUED.value,
+            "input": input_text,
+            "idempotency_key": request.idempotency_key,
+            "request_hash": fingerprint,
+            "concurrency_key": request.concurrency_key,
+            "created_by": subject,
+            "parent_run_id": parent_run_id,
+            "delay": request.delay,
+        },
+    )
+    if row is not None:
+        await events_q.append(
+            conn,
+            run_id=row["run_id"],
+            tenant_id=tenant_id,
+            kind=EventKind.RUN_SUBMITTED,
+            actor=subject,
+            data={
+                "workflow": request.workflow,
+                "version": version,
+                "parent_run_id": None if parent_run_id is None else str(parent_run_id),
+            },
+        )
+        await notify(conn)
+        return row, True
+    assert request.idempotency_key is not None
+    existing = await runs_q.get_by_idempotency_key(conn, tenant_id, request.idempotency_key)
+    if existing is None:  # pragma: no cover - the conflicting row cannot vanish
+        raise IdempotencyConflict("idempotency key conflict; retry the request")
+    if existing["request_hash"] != fingerprint:
+        raise IdempotencyConflict(
+            f"idempotency key {request.idempotency_key!r} was already used for a "
+            "different request (workflow, version, input or options differ)",
+            run_id=str(existing["run_id"]),
+        )
+    return existing, False
 
 
 async def notify(conn: AsyncConnection) -> None:

@@ -9,6 +9,7 @@ the execution to release the run; a signal or decision wakes it again.
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -21,11 +22,13 @@ from app.core import json
 from app.core.status import EventKind, RunStatus, StepStatus
 from app.db.queries import approvals as approvals_q
 from app.db.queries import events as events_q
+from app.db.queries import runs as runs_q
 from app.db.queries import signals as signals_q
 from app.db.queries import steps as steps_q
 from app.engine.executor import PendingWait
+from app.engine.submit import SubmitRequest, insert_prepared
 from app.sdk.context import ApprovalDecision
-from app.sdk.errors import ApprovalRejected, WaitTimedOut
+from app.sdk.errors import ApprovalRejected, StepFailed, WaitTimedOut
 
 if TYPE_CHECKING:
     from app.engine.executor import RunExecution
@@ -424,3 +427,143 @@ async def value(
 
     await ex.write(record)
     return decode(json.loads(text))
+
+
+async def child(
+    ex: RunExecution,
+    *,
+    step_id: str,
+    seq: int,
+    entry: RowMapping | None,
+    workflow: str,
+    input_value: Any,
+    version: str | None,
+    detached: bool,
+) -> Any:
+    """``ctx.child`` / ``ctx.start_child``: a child run of the same tenant.
+
+    The child is created in the same fenced transaction that journals the wait, with the
+    idempotency key ``<run_id>:<step_id>``, so a crash never creates it twice. Detached:
+    returns the child's run id at once. Joined: waits (``waiting_child``) for its result.
+
+    Raises:
+        StepFailed: a joined child ended without completing (reason of the child).
+    """
+    if entry is not None and entry["status"] == StepStatus.SUCCEEDED:
+        return json.loads(entry["output"])
+    if entry is not None and entry["status"] in (StepStatus.FAILED, StepStatus.TIMED_OUT):
+        err = json.loads(entry["error"]) or {}
+        raise StepFailed(
+            step_id,
+            str(err.get("reason", "failure_non_retryable")),
+            "ChildFailed",
+            str(err.get("message", "")),
+            1,
+        )
+    ex.cancel_point()
+    if entry is None:
+        request = SubmitRequest(
+            workflow=workflow,
+            input=input_value,
+            version=version,
+            idempotency_key=f"{ex.run_id}:{step_id}",
+        )
+        input_text, resolved = await ex.submitter.prepare(request)
+
+        async def create(conn: AsyncConnection) -> None:
+            row, _ = await insert_prepared(
+                conn,
+                request,
+                input_text,
+                resolved,
+                tenant_id=ex.tenant_id,
+                subject=ex.run["created_by"],
+                parent_run_id=ex.run_id,
+            )
+            child_id = str(row["run_id"])
+            await steps_q.insert_step(
+                conn,
+                run_id=ex.run_id,
+                tenant_id=ex.tenant_id,
+                step_id=step_id,
+                seq=seq,
+                kind="child",
+                name=workflow,
+                status=StepStatus.SUCCEEDED if detached else StepStatus.WAITING,
+                fence=ex.fence,
+                output=json.dumps(child_id) if detached else None,
+                detail=json.dumps({"child_run_id": child_id, "detached": detached}),
+            )
+            created["id"] = child_id
+
+        created: dict[str, str] = {}
+        await ex.write(create)
+        child_id = created["id"]
+        if detached:
+            return child_id
+    else:
+        child_id = (json.loads(entry["detail"]) or {})["child_run_id"]
+    return await _join_child(ex, step_id=step_id, child_id=uuid.UUID(child_id))
+
+
+async def _join_child(ex: RunExecution, *, step_id: str, child_id: uuid.UUID) -> Any:
+    outcome: dict[str, Any] = {}
+
+    async def check(conn: AsyncConnection) -> None:
+        row = await runs_q.get_run_any_tenant(conn, child_id)
+        assert row is not None
+        status = RunStatus(row["status"])
+        if status == RunStatus.COMPLETED:
+            await _finish(
+                ex,
+                conn,
+                step_id,
+                StepStatus.SUCCEEDED,
+                row["output"] or "null",
+                EventKind.CHILD_FINISHED,
+                {"child_run_id": str(child_id), "status": status.value},
+            )
+            outcome["output"] = row["output"] or "null"
+        elif status.is_terminal:
+            reason = row["reason"] if row["reason"] != "succeeded" else "failure_non_retryable"
+            if reason == "canceled_by_request":
+                reason = "failure_non_retryable"
+            message = f"child run {child_id} ended {status.value} ({row['reason']})"
+            await steps_q.finish_attempt(
+                conn,
+                run_id=ex.run_id,
+                step_id=step_id,
+                status=StepStatus.FAILED,
+                output=None,
+                error=json.dumps(
+                    {
+                        "type": "ChildFailed",
+                        "reason": reason,
+                        "message": message,
+                        "child_run_id": str(child_id),
+                    }
+                ),
+                fence=ex.fence,
+            )
+            await events_q.append(
+                conn,
+                run_id=ex.run_id,
+                tenant_id=ex.tenant_id,
+                kind=EventKind.CHILD_FINISHED,
+                step_id=step_id,
+                data={"child_run_id": str(child_id), "status": status.value},
+            )
+            outcome["failed"] = (reason, message)
+
+    await ex.write(check)
+    if "output" in outcome:
+        return json.loads(outcome["output"])
+    if "failed" in outcome:
+        reason, message = outcome["failed"]
+        raise StepFailed(step_id, reason, "ChildFailed", message, 1)
+
+    async def finished(conn: AsyncConnection) -> bool:
+        row = await runs_q.get_run_any_tenant(conn, child_id)
+        return row is not None and RunStatus(row["status"]).is_terminal
+
+    await ex.suspend(PendingWait(None, RunStatus.WAITING_CHILD, "child", str(child_id), finished))

@@ -226,6 +226,38 @@ class WorkflowContext(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def child(
+        self,
+        workflow: Any,
+        input: Any,
+        *,
+        version: str | None = None,
+    ) -> Any:
+        """Run a child workflow (same tenant) and wait for its output.
+
+        Args:
+            workflow: a workflow name or a :class:`WorkflowDefinition`.
+            input: its input (a pydantic model or JSON value).
+            version: pin a version; default the definition's (or the latest registered).
+
+        Returns:
+            The child's output as JSON (dicts, lists, scalars).
+
+        Raises:
+            StepFailed: the child ended failed, compensated or cancelled.
+        """
+
+    @abc.abstractmethod
+    async def start_child(
+        self,
+        workflow: Any,
+        input: Any,
+        *,
+        version: str | None = None,
+    ) -> str:
+        """Start a child workflow without waiting; returns its run id (as a string)."""
+
+    @abc.abstractmethod
     async def now(self) -> datetime:
         """The current UTC time, journaled: a replay returns the same value."""
 

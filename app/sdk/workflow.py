@@ -52,7 +52,7 @@ class WorkflowDefinition(Generic[InT, OutT]):
         """JSON Schema of the return type (``{}`` when it is unannotated ``Any``)."""
         return self.output_adapter.json_schema()
 
-    async def __call__(self, ctx: WorkflowContext, input: InT) -> OutT:  # noqa: A002
+    async def __call__(self, ctx: WorkflowContext, input: InT) -> OutT:
         """Run the body directly (used by the executor and by tests)."""
         return await self.fn(ctx, input)
 

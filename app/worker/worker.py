@@ -35,7 +35,7 @@ from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
 from app.engine.executor import Completed, Failed, Outcome, RunExecution, Suspended
 from app.engine.registry import Registry
-from app.engine.submit import NOTIFY_CHANNEL
+from app.engine.submit import NOTIFY_CHANNEL, Submitter, notify
 
 log = structlog.get_logger("treadle.worker")
 
@@ -89,6 +89,7 @@ class Worker:
             f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         )
         self.stats = WorkerStats()
+        self.submitter = Submitter(db, settings)
         self._active: dict[uuid.UUID, _Active] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -186,7 +187,7 @@ class Worker:
             async with self.db.read() as conn:
                 journal = await steps_q.load_journal(conn, run_id)
             execution = RunExecution(
-                self.db, self.settings, row, definition, journal, self.worker_id
+                self.db, self.settings, row, definition, journal, self.worker_id, self.submitter
             )
             outcome = await execution.execute()
             active = self._active.get(run_id)
@@ -306,6 +307,13 @@ class Worker:
                         await runs_q.make_due(conn, run_id=run_id)
                         break
                 self.stats.suspended += 1
+            # A parent joined on this child waits for exactly this moment.
+            if (
+                not isinstance(outcome, Suspended)
+                and row["parent_run_id"] is not None
+                and await runs_q.make_due(conn, run_id=row["parent_run_id"])
+            ):
+                await notify(conn)
         if isinstance(outcome, Suspended) and outcome.delay is not None:
             # Come back for our own timer when it is due rather than at the next poll.
             asyncio.get_running_loop().call_later(max(outcome.delay, 0.0), self._wake.set)

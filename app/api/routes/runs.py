@@ -276,7 +276,7 @@ async def get_run_report(
     request: Request,
     principal: RunsRead,
     db: DB,
-    format: Annotated[ReportFormat | None, Query(description="json or text")] = None,  # noqa: A002
+    format: Annotated[ReportFormat | None, Query(description="json or text")] = None,
     events_limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> Any:
     """The operator's report: run, steps, timeline and dead letters.

@@ -32,12 +32,14 @@ CLAIMABLE_STATUSES = (
     RunStatus.WAITING_TIMER,
     RunStatus.WAITING_SIGNAL,
     RunStatus.WAITING_APPROVAL,
+    RunStatus.WAITING_CHILD,
 )
 WAITING_STATUSES = (
     RunStatus.RETRYING,
     RunStatus.WAITING_TIMER,
     RunStatus.WAITING_SIGNAL,
     RunStatus.WAITING_APPROVAL,
+    RunStatus.WAITING_CHILD,
 )
 
 
