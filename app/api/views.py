@@ -10,7 +10,9 @@ from app.api import schemas
 from app.core import json
 
 
-def run_view(row: RowMapping, step_counts: dict[str, int] | None = None) -> schemas.Run:
+def run_view(
+    row: RowMapping, step_counts: dict[str, int] | None = None, blocked: str | None = None
+) -> schemas.Run:
     """Build a :class:`schemas.Run` from a ``runs`` row."""
     waiting = None
     if row["waiting_kind"]:
@@ -32,7 +34,7 @@ def run_view(row: RowMapping, step_counts: dict[str, int] | None = None) -> sche
         lease_owner=row["lease_owner"],
         lease_expires_at=row["lease_expires_at"],
         waiting_on=waiting,
-        blocked_reason=row["blocked_reason"],
+        blocked_reason=blocked or row["blocked_reason"],
         step_counts=step_counts,
         created_by=row["created_by"],
         created_at=row["created_at"],

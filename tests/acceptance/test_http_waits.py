@@ -103,3 +103,25 @@ def test_approval_and_signal_survive_a_killed_worker(stack: Stack) -> None:
         late = c.post(f"/runs/{run_id}/signals/docs_uploaded", json={})
         assert late.status_code == 409
     assert token()  # the default token is alice's
+
+
+def test_run_without_a_live_worker_says_it_is_blocked(stack: Stack) -> None:
+    worker = stack.start_worker()
+    worker.send_signal(signal.SIGTERM)  # registered, then gone: the definition stays
+    assert worker.wait(timeout=30) == 0
+    with stack.client() as c:
+        created = c.post("/runs", json={"workflow": "acc-echo", "input": {"value": 1}})
+        assert created.status_code == 201, created.text
+        run = c.get(f"/runs/{created.json()['run_id']}").json()
+        report = c.get(f"/runs/{run['run_id']}/report", params={"format": "text"}).text
+    assert run["status"] == "queued"
+    assert run["blocked_reason"] == "no live worker has registered acc-echo@1"
+    assert "blocked      no live worker has registered acc-echo@1" in report
+    stack.start_worker()
+    with stack.client() as c:
+        done = wait_for_sync(
+            lambda: (b := c.get(f"/runs/{run['run_id']}").json())["status"] == "completed" and b,
+            timeout=60,
+            what="run completed",
+        )
+    assert done["blocked_reason"] is None

@@ -12,7 +12,7 @@ from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 
 from app.api import schemas
-from app.api.deps import DB, RunsCancel, RunsRead, RunsWrite, SubmitterDep
+from app.api.deps import DB, RunsCancel, RunsRead, RunsWrite, SettingsDep, SubmitterDep
 from app.api.pagination import decode_token, encode_token
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
 from app.api.views import dead_letter_view, event_view, render_report_text, run_view, step_view
@@ -21,6 +21,7 @@ from app.core.errors import BadRequest, RunNotFound
 from app.core.status import RunStatus
 from app.db.database import fetch_now
 from app.db.queries import dead_letters as dl_q
+from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
@@ -154,12 +155,38 @@ async def list_runs(
 
 
 @router.get("/{run_id}", operation_id="get_run", response_model=schemas.Run, responses=_PROBLEMS)
-async def get_run(run_id: str, principal: RunsRead, db: DB) -> schemas.Run:
-    """Snapshot of one run: status, reason, waits, step counts, lease and timestamps."""
+async def get_run(run_id: str, principal: RunsRead, db: DB, settings: SettingsDep) -> schemas.Run:
+    """Snapshot of one run: status, reason, waits, step counts, lease and timestamps.
+
+    ``blocked_reason`` says why a queued run cannot start (e.g. no live worker registered
+    its pinned workflow version).
+    """
     async with db.read() as conn:
         row = await runs_q.get_run(conn, principal.tenant_id, parse_run_id(run_id))
         counts = await steps_q.count_by_status(conn, row["run_id"])
-    return run_view(row, counts)
+        blocked = await _blocked(conn, row, settings)
+    return run_view(row, counts, blocked)
+
+
+async def _blocked(conn: Any, row: Any, settings: Any) -> str | None:
+    if row["status"] not in _NEEDS_WORKER:
+        return None
+    return await defs_q.blocked_reason(
+        conn,
+        workflow=row["workflow"],
+        version=row["version"],
+        within_seconds=2 * settings.lease_ttl_seconds,
+    )
+
+
+# Statuses in which a run needs a worker for its version to make progress.
+_NEEDS_WORKER = {
+    RunStatus.QUEUED.value,
+    RunStatus.RETRYING.value,
+    RunStatus.WAITING_TIMER.value,
+    RunStatus.CANCELLING.value,
+    RunStatus.COMPENSATING.value,
+}
 
 
 @router.get(
@@ -276,6 +303,7 @@ async def get_run_report(
     request: Request,
     principal: RunsRead,
     db: DB,
+    settings: SettingsDep,
     format: Annotated[ReportFormat | None, Query(description="json or text")] = None,
     events_limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
 ) -> Any:
@@ -289,13 +317,14 @@ async def get_run_report(
     async with db.read() as conn:
         row = await runs_q.get_run(conn, principal.tenant_id, rid)
         counts = await steps_q.count_by_status(conn, rid)
+        blocked = await _blocked(conn, row, settings)
         step_rows = await steps_q.list_steps(conn, rid, after_seq=None, limit=10_000)
         event_rows = await events_q.list_events(conn, rid, after_id=None, limit=events_limit + 1)
         dl_rows = await dl_q.list_for_run(conn, rid)
         now = await fetch_now(conn, db.dialect)
     report = schemas.RunReport(
         generated_at=now,
-        run=run_view(row, counts),
+        run=run_view(row, counts, blocked),
         steps=[step_view(s) for s in step_rows],
         events=[event_view(e) for e in event_rows[:events_limit]],
         events_truncated=len(event_rows) > events_limit,

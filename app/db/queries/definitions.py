@@ -9,6 +9,7 @@ from sqlalchemy import RowMapping, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core import json
 from app.db.dialect import now_expr, now_plus
 from app.db.tables import workers, workflow_definitions
 
@@ -116,3 +117,18 @@ async def live_workers(conn: AsyncConnection, *, within_seconds: float) -> Seque
         workers.c.last_heartbeat_at >= now_plus(conn.dialect.name, -within_seconds),
     )
     return (await conn.execute(stmt)).mappings().all()
+
+
+async def blocked_reason(
+    conn: AsyncConnection, *, workflow: str, version: str, within_seconds: float
+) -> str | None:
+    """Why a claimable run of ``workflow@version`` cannot progress, or None.
+
+    A run is pinned to its definition version; if no live worker registered that exact
+    version, nothing will ever claim it, and the run says so instead of sitting silently.
+    """
+    key = f"{workflow}@{version}"
+    for worker in await live_workers(conn, within_seconds=within_seconds):
+        if key in json.loads(worker["definitions"]):
+            return None
+    return f"no live worker has registered {key}"
