@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import contextlib
+import json as stdjson
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 from fastapi import FastAPI
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import problems
@@ -74,8 +77,25 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
-class _TooLarge(Exception):
-    pass
+class _TooLarge(StarletteHTTPException):
+    # An HTTPException so that FastAPI's body reader re-raises it instead of wrapping it
+    # in a generic 400 "error parsing the body".
+    def __init__(self) -> None:
+        super().__init__(413, "request body too large")
+
+
+class AsciiJSONResponse(JSONResponse):
+    """JSON responses escaped to ASCII.
+
+    Lone surrogates and NUL in payloads render as escapes instead of failing to encode,
+    so payloads round-trip exactly.
+    """
+
+    def render(self, content: Any) -> bytes:
+        """Serialise like the stored payloads (``app.core.json``)."""
+        return stdjson.dumps(
+            content, ensure_ascii=True, allow_nan=False, separators=(",", ":")
+        ).encode("ascii")
 
 
 def create_app(
@@ -118,6 +138,7 @@ def create_app(
             "`Authorization: Bearer <token>` except the health probes."
         ),
         lifespan=lifespan,
+        default_response_class=AsciiJSONResponse,
     )
     app.state.settings = settings
     app.state.db = database

@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-from app.core.errors import PayloadTooLarge
+from app.core.errors import InvalidInput, PayloadTooLarge
 
 
 def dumps(value: Any) -> str:
@@ -30,6 +30,29 @@ def loads(text: str | None) -> Any:
     return json.loads(text)
 
 
+MAX_DEPTH = 200
+"""Deepest nesting of arrays/objects accepted in a payload (pydantic's parser limit)."""
+
+
+def check_depth(value: Any, what: str, max_depth: int = MAX_DEPTH) -> None:
+    """Refuse payloads nested deeper than ``max_depth`` (iterative: no recursion limit).
+
+    Raises:
+        InvalidInput: too deep.
+    """
+    stack: list[tuple[Any, int]] = [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict | list):
+            if depth > max_depth:
+                raise InvalidInput(
+                    f"{what} is nested deeper than {max_depth} levels",
+                    errors=[{"path": "$", "message": f"nesting over {max_depth} levels"}],
+                )
+            children = item.values() if isinstance(item, dict) else item
+            stack.extend((child, depth + 1) for child in children)
+
+
 def dumps_limited(value: Any, limit: int, what: str) -> str:
     """Encode like :func:`dumps`, then enforce the payload byte ceiling.
 
@@ -40,7 +63,9 @@ def dumps_limited(value: Any, limit: int, what: str) -> str:
 
     Raises:
         PayloadTooLarge: the encoded value is longer than ``limit`` bytes.
+        InvalidInput: nested deeper than :data:`MAX_DEPTH`.
     """
+    check_depth(value, what)
     text = dumps(value)
     if len(text) > limit:
         raise PayloadTooLarge(

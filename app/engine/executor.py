@@ -28,7 +28,7 @@ from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
-from app.core.errors import CeilingExceeded, PayloadTooLarge
+from app.core.errors import CeilingExceeded, InvalidInput, PayloadTooLarge
 from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus, StepStatus
 from app.db.database import Database
@@ -244,7 +244,9 @@ class RunExecution:
             LeaseLost: a checkpoint found the fence moved; the caller abandons the run.
         """
         try:
-            input_value = self.definition.input_model.model_validate_json(self.run["input"])
+            # Parsed with the stdlib first: pydantic's JSON parser refuses lone surrogates,
+            # which JSON text (and our payload encoding) allows.
+            input_value = self.definition.input_model.model_validate(json.loads(self.run["input"]))
         except ValidationError as exc:
             return Failed(
                 RunReason.FAILURE_NON_RETRYABLE,
@@ -300,7 +302,7 @@ class RunExecution:
         try:
             payload = self.definition.output_adapter.dump_python(output, mode="json")
             text = json.dumps_limited(payload, self.settings.max_payload_bytes, "run output")
-        except (PayloadTooLarge, ValueError, TypeError) as err:
+        except (PayloadTooLarge, InvalidInput, ValueError, TypeError) as err:
             return Failed(RunReason.FAILURE_NON_RETRYABLE, error_info(err))
         return Completed(text)
 
@@ -586,7 +588,7 @@ class RunExecution:
             # step, recorded as a failure instead of a journal entry replay cannot read.
             payload = adapter.dump_python(adapter.validate_python(value), mode="json")
             text = json.dumps_limited(payload, self.settings.max_payload_bytes, "step output")
-        except (PayloadTooLarge, ValueError, TypeError) as exc:
+        except (PayloadTooLarge, InvalidInput, ValueError, TypeError) as exc:
             await self._finish_step_failed(
                 step_id,
                 StepStatus.FAILED,

@@ -79,3 +79,18 @@ async def approve_flow(ctx: WorkflowContext, job: Job) -> dict[str, object]:
     docs = await ctx.signal("docs_uploaded", timeout=3600)
     account = await ctx.step(record_account, job.name, decision.decided_by[0])
     return {"account": account, "docs": docs, "comment": decision.comment}
+
+
+class Nap(BaseModel):
+    """Input: how long to sleep."""
+
+    seconds: float
+
+
+@workflow("acc-sleep")
+async def sleep_flow(ctx: WorkflowContext, nap: Nap) -> str:
+    """A durable timer between two journaled values."""
+    before = await ctx.now()
+    await ctx.sleep(nap.seconds)
+    after = await ctx.now()
+    return f"{(after - before).total_seconds():.3f}"

@@ -1,0 +1,114 @@
+"""The committed OpenAPI document is current, and documents every operation and its errors.
+
+No database: the document is rendered from the application's routes.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from app.api.openapi import render
+
+SPEC_PATH = Path(__file__).resolve().parents[2] / "openapi" / "openapi.json"
+SPEC: dict[str, Any] = json.loads(SPEC_PATH.read_text())
+HTTP_METHODS = {"get", "put", "post", "delete", "patch", "head", "options", "trace"}
+OPERATIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
+    op["operationId"]: (method.upper(), path, op)
+    for path, item in SPEC["paths"].items()
+    for method, op in item.items()
+    if method in HTTP_METHODS and "operationId" in op
+}
+PROBLEM_REF = "#/components/schemas/Problem"
+# Health probes take no token and answer with a Health body (503 when not ready).
+PROBES = {"get_health", "get_readiness"}
+
+
+def problem_statuses(op: dict[str, Any]) -> set[str]:
+    """Statuses of ``op`` whose declared body (in any media type) is the Problem schema."""
+    return {
+        status
+        for status, response in op.get("responses", {}).items()
+        if any(
+            content.get("schema", {}).get("$ref") == PROBLEM_REF
+            for content in response.get("content", {}).values()
+        )
+    }
+
+
+def test_committed_spec_matches_the_app() -> None:
+    rendered = render()
+    committed = SPEC_PATH.read_text()
+    if committed != rendered:
+        diff = "".join(
+            list(
+                difflib.unified_diff(
+                    committed.splitlines(keepends=True),
+                    rendered.splitlines(keepends=True),
+                    "openapi/openapi.json (committed)",
+                    "app.api.openapi.render()",
+                )
+            )[:60]
+        )
+        pytest.fail(f"openapi/openapi.json is stale: run `make openapi` and commit it.\n{diff}")
+
+
+def test_every_operation_has_an_id_and_documentation() -> None:
+    count = 0
+    for path, item in SPEC["paths"].items():
+        for method, op in item.items():
+            if method not in HTTP_METHODS:
+                continue
+            count += 1
+            where = f"{method.upper()} {path}"
+            assert op.get("operationId"), f"{where} has no operationId"
+            assert (op.get("summary") or "").strip(), f"{where} has no summary"
+            assert (op.get("description") or "").strip(), f"{where} has no description"
+    assert count == len(OPERATIONS), "operationIds must be unique"
+    assert OPERATIONS, "no operations found"
+
+
+def _secured(op: dict[str, Any]) -> bool:
+    return bool(op.get("security") or SPEC.get("security"))
+
+
+def _cases() -> list[str]:
+    return sorted(op_id for op_id in OPERATIONS if op_id not in PROBES)
+
+
+@pytest.mark.parametrize("operation_id", _cases())
+def test_every_operation_declares_problem_responses(operation_id: str) -> None:
+    method, path, op = OPERATIONS[operation_id]
+    where = f"{method} {path} ({operation_id})"
+    declared = problem_statuses(op)
+    assert _secured(op), f"{where} is not marked as needing a bearer token"
+    assert {"401", "403"} <= declared, f"{where}: 401/403 must be Problem responses: {declared}"
+    if "{run_id}" in path:
+        assert "404" in declared, f"{where}: unknown run ids are 404 problems"
+    if op.get("parameters") or op.get("requestBody"):
+        assert "422" in declared, f"{where}: invalid requests are 422 problems"
+    for status, response in op["responses"].items():
+        if int(status) >= 400:
+            assert status in declared, f"{where}: {status} is not a Problem: {response}"
+
+
+def test_probes_need_no_token_and_declare_no_problems() -> None:
+    for op_id in PROBES:
+        method, path, op = OPERATIONS[op_id]
+        assert not _secured(op), f"{method} {path} must not need a token"
+        assert not problem_statuses(op), f"{method} {path} answers with Health bodies"
+
+
+def test_problem_responses_declare_the_problem_media_type() -> None:
+    wrong = {
+        f"{method} {path} {status}": sorted(response.get("content", {}))
+        for method, path, op in OPERATIONS.values()
+        for status, response in op["responses"].items()
+        if status in problem_statuses(op)
+        and set(response.get("content", {})) != {"application/problem+json"}
+    }
+    assert not wrong, f"problem responses not declared as application/problem+json: {wrong}"
