@@ -123,6 +123,9 @@ def token(
     scopes: Annotated[str, typer.Option(help="Space- or comma-separated scopes")] = (
         "runs:write runs:read runs:cancel approvals:write signals:write"
     ),
+    groups: Annotated[
+        str, typer.Option(help="Space- or comma-separated groups (approvals may need one)")
+    ] = "",
     ttl: Annotated[int, typer.Option(help="Lifetime in seconds")] = 86_400,
 ) -> None:
     """Print a dev-mode token (HS256, signed with the local dev secret)."""
@@ -134,6 +137,7 @@ def token(
             tenant_id=tenant,
             subject=subject,
             scopes=scopes.replace(",", " ").split(),
+            groups=groups.replace(",", " ").split(),
             ttl_seconds=ttl,
         )
     except ValueError as exc:
