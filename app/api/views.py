@@ -142,8 +142,9 @@ def render_report_text(report: schemas.RunReport) -> str:
         lines.append("(none)")
     for s in report.steps:
         duration = f"{s.duration_ms:.1f} ms" if s.duration_ms is not None else "-"
+        position = "undo" if s.kind == "compensation" else str(s.seq)
         lines.append(
-            f"{s.seq:>4}  {s.step_id:<32} {s.status:<12} attempt {s.attempt}/"
+            f"{position:>4}  {s.step_id:<32} {s.status:<12} attempt {s.attempt}/"
             f"{s.max_attempts}  {duration}"
         )
         if s.error is not None and isinstance(s.error, dict):
