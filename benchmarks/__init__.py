@@ -1,0 +1,1 @@
+"""Benchmarks: reproducible commands that print figures (see benchmarks/README.md)."""
