@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import json as stdjson
+import time
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
@@ -13,8 +14,9 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import problems
-from app.api.routes import dead_letters, health, run_actions, runs, workflows
+from app.api.routes import dead_letters, health, metrics, run_actions, runs, workflows
 from app.auth.dev import DevTokens, dev_secret
+from app.core import metrics as core_metrics
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.migrations import check_schema
@@ -75,6 +77,41 @@ class BodyLimit:
             limit_bytes=self.limit,
         )
         await response(scope, receive, send)
+
+
+class HttpMetrics:
+    """ASGI middleware: count requests and time them by method, route template and status.
+
+    The route *template* (``/runs/{run_id}``), never the raw path, keeps labels bounded.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry point."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def capture(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, capture)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", None) or "unmatched"
+            method = scope.get("method", "GET")
+            core_metrics.HTTP_REQUESTS.labels(method, template, str(status)).inc()
+            core_metrics.HTTP_DURATION.labels(method, template).observe(
+                time.perf_counter() - started
+            )
 
 
 class _TooLarge(StarletteHTTPException):
@@ -151,7 +188,9 @@ def create_app(
     app.include_router(dead_letters.router)
     app.include_router(workflows.router)
     app.include_router(health.router)
+    app.include_router(metrics.router)
     app.add_middleware(BodyLimit, limit=settings.max_payload_bytes + _ENVELOPE_BYTES)
+    app.add_middleware(HttpMetrics)
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:

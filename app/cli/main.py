@@ -92,6 +92,9 @@ def serve(
 def worker(
     handlers: Annotated[list[str], typer.Option("--handlers", help="Module(s) with @workflow")],
     concurrency: Annotated[int | None, typer.Option(help="Runs executed at once")] = None,
+    metrics_port: Annotated[
+        int | None, typer.Option(help="Serve this worker's Prometheus metrics on this port")
+    ] = None,
 ) -> None:
     """Run a worker executing the workflows defined in ``--handlers`` modules."""
     from app.core.logging import configure_logging
@@ -100,7 +103,7 @@ def worker(
     settings = load_settings()
     configure_logging(settings)
     sys.path.insert(0, os.getcwd())
-    _run(run_worker(settings, handlers, concurrency))
+    _run(run_worker(settings, handlers, concurrency, metrics_port))
 
 
 @app.command()

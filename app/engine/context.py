@@ -78,7 +78,12 @@ class ReplayContext(WorkflowContext):
 
         if timeout is not None and timeout <= 0:
             raise ValueError("step timeout must be > 0 seconds")
-        fn_name = step_name(fn)
+        try:
+            fn_name = step_name(fn)
+        except TypeError:
+            if name is None:
+                raise
+            fn_name = name  # a callable without a qualified name: the step name stands in
         try:
             step_id, seq, entry = self._assign(name or fn_name, "step", fn_name)
         except NondeterminismError as err:

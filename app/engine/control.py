@@ -421,9 +421,9 @@ async def pending_dead_letter_id(db: Database, *, tenant_id: str, run_id: uuid.U
 
 
 async def resume(db: Database, *, tenant_id: str, run_id: uuid.UUID, actor: str) -> RowMapping:
-    """Make a waiting or retrying run due now (skip the rest of a backoff, re-check waits).
+    """Make a waiting or retrying run due now: skip a retry backoff, re-check its waits.
 
-    Waits that are not satisfied simply suspend again; nothing is skipped.
+    Timers keep their deadline and unsatisfied waits simply wait again.
 
     Raises:
         RunNotFound: not this tenant's run.
@@ -433,6 +433,12 @@ async def resume(db: Database, *, tenant_id: str, run_id: uuid.UUID, actor: str)
         run = await runs_q.lock_run(conn, tenant_id, run_id)
         if not await runs_q.make_due(conn, run_id=run_id):
             raise InvalidState(f"run {run_id} is {run['status']!r}, not waiting")
+        # A step waiting out its retry backoff tries again now; timers keep their time.
+        await conn.execute(
+            update(steps)
+            .where(steps.c.run_id == run_id, steps.c.status == StepStatus.RETRY_WAIT.value)
+            .values(next_attempt_at=now_expr(conn.dialect.name))
+        )
         await events_q.append(
             conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_RESUMED, actor=actor
         )

@@ -27,7 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core import json
+from app.core import json, metrics
 from app.core.errors import CeilingExceeded, InvalidInput, PayloadTooLarge
 from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus, StepStatus
@@ -361,7 +361,7 @@ class RunExecution:
                 {
                     **base,
                     "compensation_failures": failures,
-                    "message": f"{len(failures)} compensation(s) failed: "
+                    "compensation_message": f"{len(failures)} compensation(s) failed: "
                     + ", ".join(f["step_id"] for f in failures),
                 },
             )
@@ -505,11 +505,17 @@ class RunExecution:
                     await asyncio.sleep(remaining)
             attempt += 1
             self._active += 1
+            workflow = self.definition.name
+            metrics.STEP_ATTEMPTS.labels(workflow).inc()
+            started = time.monotonic()
+            outcome = "failed"
             try:
                 result = await self._attempt(
                     step_id, seq, name, fn, args, retry, timeout, attempt, adapter, kind, detail
                 )
+                outcome = "retry" if isinstance(result, _Retry) else "succeeded"
             finally:
+                metrics.STEP_DURATION.labels(workflow, outcome).observe(time.monotonic() - started)
                 self._active -= 1
                 self._check_ready()
             if not isinstance(result, _Retry):

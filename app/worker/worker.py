@@ -18,11 +18,12 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+import prometheus_client
 import structlog
 from sqlalchemy import RowMapping
 from sqlalchemy.engine import make_url
 
-from app.core import json
+from app.core import json, metrics
 from app.core.errors import LeaseLost
 from app.core.settings import Settings
 from app.core.status import EventKind, RunStatus
@@ -173,8 +174,12 @@ class Worker:
     def _start(self, row: RowMapping) -> None:
         run_id: uuid.UUID = row["run_id"]
         self.stats.claimed += 1
+        if row["due_at"] is not None:
+            lag = (row["updated_at"] - row["due_at"]).total_seconds()
+            metrics.SCHEDULE_TO_START.labels(row["workflow"]).observe(max(lag, 0.0))
         task = asyncio.create_task(self._execute(row), name=f"run-{run_id}")
         self._active[run_id] = _Active(task=task, fence=int(row["fence"]))
+        self._update_slots()
 
     async def _execute(self, row: RowMapping) -> None:
         run_id: uuid.UUID = row["run_id"]
@@ -197,11 +202,13 @@ class Worker:
             await asyncio.shield(self._finalize(row, fence, outcome))
         except LeaseLost:
             self.stats.lease_lost += 1
+            metrics.LEASE_LOSSES.inc()
             rlog.warning("lease lost; abandoning run")
         except asyncio.CancelledError:
             active = self._active.get(run_id)
             if active is not None and active.lost:
                 self.stats.lease_lost += 1
+                metrics.LEASE_LOSSES.inc()
                 rlog.warning("lease lost; execution stopped")
             # Fenced, so harmless if the lease is really gone; if we still hold it, the
             # run is claimable again at once instead of waiting for the lease to expire.
@@ -212,7 +219,12 @@ class Worker:
             rlog.exception("execution crashed")
         finally:
             self._active.pop(run_id, None)
+            self._update_slots()
             self._wake.set()
+
+    def _update_slots(self) -> None:
+        metrics.WORKER_SLOTS.labels("busy").set(len(self._active))
+        metrics.WORKER_SLOTS.labels("free").set(max(self.concurrency - len(self._active), 0))
 
     async def _finalize(self, row: RowMapping, fence: int, outcome: Outcome) -> None:
         run_id: uuid.UUID = row["run_id"]
@@ -231,6 +243,7 @@ class Worker:
                 await events_q.append(
                     conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_COMPLETED
                 )
+                metrics.RUNS_FINISHED.labels(row["workflow"], "completed", "succeeded").inc()
                 self.stats.completed += 1
             elif isinstance(outcome, Failed):
                 error = outcome.error or {}
@@ -261,6 +274,9 @@ class Worker:
                         "message": str(error.get("message", ""))[:500],
                     },
                 )
+                metrics.RUNS_FINISHED.labels(
+                    row["workflow"], outcome.status.value, outcome.reason.value
+                ).inc()
                 if outcome.status == RunStatus.FAILED:
                     dl_id = await dl_q.insert_dead_letter(
                         conn,
@@ -360,6 +376,7 @@ class Worker:
                     await defs_q.touch_worker(conn, self.worker_id)
             except Exception as exc:  # noqa: BLE001 - keep trying; leases may expire
                 self.log.warning("heartbeat failed", error=str(exc)[:300])
+                metrics.HEARTBEATS_FAILED.inc()
                 if time.monotonic() - self._last_heartbeat_ok > self.settings.lease_ttl_seconds:
                     # Our leases have expired by now: stop work others may have taken.
                     for expired in list(self._active.values()):
@@ -421,7 +438,10 @@ class Worker:
 
 
 async def run_worker(
-    settings: Settings, handler_modules: list[str], concurrency: int | None = None
+    settings: Settings,
+    handler_modules: list[str],
+    concurrency: int | None = None,
+    metrics_port: int | None = None,
 ) -> None:
     """Composition root of ``treadle worker``: build everything, run until SIGTERM/SIGINT.
 
@@ -434,6 +454,9 @@ async def run_worker(
     try:
         await check_schema(db)
         worker = Worker(settings, db, registry, concurrency=concurrency)
+        if metrics_port is not None:
+            # prometheus_client's own server thread: /metrics of this worker process.
+            prometheus_client.start_http_server(metrics_port, addr=settings.host)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)

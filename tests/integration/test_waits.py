@@ -86,7 +86,23 @@ async def requeue_flow(ctx: WorkflowContext, job: Job) -> str:
     return await ctx.step(maybe_fail, retry=RetryPolicy(max_attempts=1))
 
 
-REGISTRY = Registry([all_waits, reject_handled, reject_unhandled, requeue_flow])
+def second_time_lucky() -> str:
+    from app.sdk import current_step
+
+    if current_step().attempt == 1:
+        raise ConnectionError("try again in an hour")
+    return "lucky"
+
+
+@workflow("w-backoff")
+async def backoff_flow(ctx: WorkflowContext, job: Job) -> str:
+    from app.sdk import RetryPolicy
+
+    policy = RetryPolicy(max_attempts=2, backoff="fixed", delay=3600)
+    return await ctx.step(second_time_lucky, retry=policy)
+
+
+REGISTRY = Registry([all_waits, reject_handled, reject_unhandled, requeue_flow, backoff_flow])
 
 
 @pytest.fixture
@@ -352,3 +368,18 @@ async def test_dead_letter_requeue(wsettings: Settings, db: Database) -> None:
             )
         row = await status_is(db, run_id, "completed")
     assert row["output"] == '"fine"'
+
+
+async def test_resume_skips_a_retry_backoff(wsettings: Settings, db: Database) -> None:
+    flaky_fail["on"] = True
+    run_id = await submit(db, wsettings, "w-backoff", key="b")
+    async with worker(wsettings, db):
+        row = await status_is(db, run_id, "retrying")
+        assert row["waiting_kind"] == "retry"
+        with pytest.raises(InvalidState):  # only waiting runs can be resumed
+            other = await submit(db, wsettings, "w-requeue", key="x")
+            await status_is(db, other, "failed")
+            await control.resume(db, tenant_id=TENANT, run_id=other, actor="op")
+        await control.resume(db, tenant_id=TENANT, run_id=run_id, actor="op")
+        row = await status_is(db, run_id, "completed")
+    assert row["output"] == '"lucky"'

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path
+from fastapi import APIRouter, Body, Path, Request
 
 from app.api import schemas
 from app.api.deps import DB, ApprovalsWrite, RunsWrite, SettingsDep, SignalsWrite
@@ -33,8 +33,16 @@ StepPath = Annotated[str, Path(min_length=1, max_length=255, pattern=r"^[A-Za-z0
         413: {"model": schemas.Problem, "description": "Payload over the limit"},
     },
 )
+def _wake(request: Request) -> None:
+    # An in-process worker (treadle dev) has no LISTEN/NOTIFY on SQLite: poke it directly.
+    on_submit = getattr(request.app.state, "on_submit", None)
+    if on_submit is not None:
+        on_submit()
+
+
 async def send_signal(
     run_id: str,
+    request: Request,
     name: SignalName,
     principal: SignalsWrite,
     db: DB,
@@ -56,6 +64,7 @@ async def send_signal(
         payload=body.payload if body else None,
         actor=principal.subject,
     )
+    _wake(request)
     return schemas.SignalAccepted(run_id=rid, name=name, signal_id=signal_id)
 
 
@@ -67,6 +76,7 @@ async def send_signal(
 )
 async def decide_approval(
     run_id: str,
+    request: Request,
     step_id: StepPath,
     body: schemas.ApprovalDecisionRequest,
     principal: ApprovalsWrite,
@@ -93,6 +103,7 @@ async def decide_approval(
         payload=body.payload,
         comment=body.comment,
     )
+    _wake(request)
     return schemas.ApprovalDecisionResult(run_id=rid, **result)
 
 

@@ -17,6 +17,7 @@ from app.api.pagination import decode_token, encode_token
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
 from app.api.views import dead_letter_view, event_view, render_report_text, run_view, step_view
 from app.auth.principal import Principal
+from app.core import metrics
 from app.core.errors import BadRequest, RunNotFound
 from app.core.status import RunStatus
 from app.db.database import fetch_now
@@ -96,6 +97,7 @@ async def submit_run(
         req, tenant_id=principal.tenant_id, subject=principal.subject
     )
     if created:
+        metrics.RUNS_SUBMITTED.labels(body.workflow).inc()
         on_submit = getattr(request.app.state, "on_submit", None)
         if on_submit is not None:
             on_submit()

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, case, func, select, tuple_, update
+from sqlalchemy import RowMapping, case, func, null, select, tuple_, type_coerce, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -15,6 +15,7 @@ from app.core.errors import LeaseLost, RunNotFound
 from app.core.status import TERMINAL_RUN_STATUSES, RunStatus
 from app.db.dialect import now_expr, now_plus
 from app.db.tables import runs
+from app.db.types import UtcDateTime
 
 # Statuses a worker may claim once ``available_at`` has passed. ``running`` is here on
 # purpose: a running run's ``available_at`` is its lease expiry, so the same claim query
@@ -159,7 +160,7 @@ async def claim_runs(
     dialect = _dialect(conn)
     now = now_expr(dialect)
     due = (
-        select(runs.c.run_id)
+        select(runs.c.run_id, runs.c.available_at.label("due_at"))
         .where(
             runs.c.available_at.is_not(None),
             runs.c.available_at <= now,
@@ -169,13 +170,25 @@ async def claim_runs(
         .order_by(runs.c.available_at)
         .limit(limit)
     )
-    if dialect == "postgresql":
-        due = due.with_for_update(skip_locked=True)
-    due_cte = due.cte("due")
     lease_until = now_plus(dialect, lease_ttl)
+    due_at: dict[uuid.UUID, Any] = {}
+    if dialect == "postgresql":
+        due_cte = due.with_for_update(skip_locked=True).cte("due")
+        target: Any = runs.c.run_id == due_cte.c.run_id
+        # When each run became due, for the schedule-to-start metric.
+        extra: Any = due_cte.c.due_at
+    else:
+        # SQLite's RETURNING names only the updated table, so read the due rows first;
+        # BEGIN IMMEDIATE already holds the write lock, so nothing moves in between.
+        picked = (await conn.execute(due)).all()
+        if not picked:
+            return []
+        due_at = {row[0]: row[1] for row in picked}
+        target = runs.c.run_id.in_(list(due_at))
+        extra = type_coerce(null(), UtcDateTime()).label("due_at")
     stmt = (
         update(runs)
-        .where(runs.c.run_id == due_cte.c.run_id)
+        .where(target)
         .values(
             # A run being cancelled or compensated stays so: the claimer finishes that job.
             status=case(
@@ -196,9 +209,12 @@ async def claim_runs(
             waiting_name=None,
             waiting_deadline=None,
         )
-        .returning(*runs.c)
+        .returning(*runs.c, extra)
     )
-    return (await conn.execute(stmt)).mappings().all()
+    claimed = (await conn.execute(stmt)).mappings().all()
+    if due_at:
+        return [{**row, "due_at": due_at[row["run_id"]]} for row in claimed]  # type: ignore[misc]
+    return claimed
 
 
 async def renew_leases(

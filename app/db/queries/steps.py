@@ -116,12 +116,14 @@ async def reset_interrupted(conn: AsyncConnection, run_id: uuid.UUID) -> None:
 
 
 async def cancel_running(conn: AsyncConnection, run_id: uuid.UUID) -> None:
-    """Mark the run's in-flight steps ``cancelled`` (the run was cancelled)."""
+    """Mark the run's in-flight and waiting steps ``cancelled`` (the run ended)."""
     await conn.execute(
         update(steps)
         .where(
             steps.c.run_id == run_id,
-            steps.c.status.in_([StepStatus.RUNNING.value, StepStatus.RETRY_WAIT.value]),
+            steps.c.status.in_(
+                [StepStatus.RUNNING.value, StepStatus.RETRY_WAIT.value, StepStatus.WAITING.value]
+            ),
         )
         .values(status=StepStatus.CANCELLED.value, finished_at=now_expr(conn.dialect.name))
     )

@@ -1,0 +1,63 @@
+"""Every Prometheus metric of Treadle, defined in one place (``treadle_<thing>_<unit>``).
+
+Labels are bounded: workflow names, statuses, reasons, route templates, HTTP status
+codes. Never run ids, tenants or other unbounded values. Each process (API, worker)
+exposes the default registry: the API on ``GET /metrics``, a worker on
+``--metrics-port``.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+RUNS_SUBMITTED = Counter(
+    "treadle_runs_submitted_total", "Runs created by POST /runs.", ["workflow"]
+)
+RUNS_FINISHED = Counter(
+    "treadle_runs_finished_total",
+    "Runs that reached a terminal status, by workflow, status and reason.",
+    ["workflow", "status", "reason"],
+)
+STEP_DURATION = Histogram(
+    "treadle_step_duration_seconds",
+    "Duration of one step attempt (user code plus its checkpoint), by workflow and outcome.",
+    ["workflow", "outcome"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 300),
+)
+STEP_ATTEMPTS = Counter(
+    "treadle_step_attempts_total", "Step attempts started, by workflow.", ["workflow"]
+)
+SCHEDULE_TO_START = Histogram(
+    "treadle_schedule_to_start_seconds",
+    "From a run becoming due (submitted, retry or timer due) to a worker claiming it.",
+    ["workflow"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
+)
+LEASE_LOSSES = Counter(
+    "treadle_lease_losses_total", "Executions abandoned because their lease (fence) moved."
+)
+HEARTBEATS_FAILED = Counter(
+    "treadle_heartbeats_failed_total", "Worker heartbeats that could not reach the database."
+)
+WORKER_SLOTS = Gauge(
+    "treadle_worker_slots", "Execution slots of this worker process, busy or free.", ["state"]
+)
+RUNS_BY_STATUS = Gauge(
+    "treadle_runs",
+    "Runs in the database by status (queue depth; refreshed at most every few seconds).",
+    ["status"],
+)
+DEAD_LETTERS_PENDING = Gauge(
+    "treadle_dead_letters_pending", "Dead letters waiting for an operator."
+)
+HTTP_REQUESTS = Counter(
+    "treadle_http_requests_total",
+    "HTTP requests by method, route template and status.",
+    ["method", "route", "status"],
+)
+HTTP_DURATION = Histogram(
+    "treadle_http_request_duration_seconds",
+    "HTTP request latency by method and route.",
+    ["method", "route"],
+    buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 30),
+)
