@@ -5,9 +5,11 @@ from __future__ import annotations
 import contextlib
 import json as stdjson
 import time
+import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
+import structlog
 from fastapi import FastAPI
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -114,6 +116,40 @@ class HttpMetrics:
             )
 
 
+class RequestId:
+    """ASGI middleware: echo ``X-Request-ID``, or mint one.
+
+    The id is bound to every log record of the request (structlog contextvars).
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry point."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        request_id = ""
+        for name, value in scope.get("headers", []):
+            if name == b"x-request-id":
+                candidate = value.decode("latin-1")
+                # Only short, printable ids are echoed: a header must not inject anything.
+                if 0 < len(candidate) <= 128 and candidate.isprintable():
+                    request_id = candidate
+        request_id = request_id or uuid.uuid4().hex
+
+        async def with_header(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", []))
+                headers.append((b"x-request-id", request_id.encode("latin-1")))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        with structlog.contextvars.bound_contextvars(request_id=request_id):
+            await self.app(scope, receive, with_header)
+
+
 class _TooLarge(StarletteHTTPException):
     # An HTTPException so that FastAPI's body reader re-raises it instead of wrapping it
     # in a generic 400 "error parsing the body".
@@ -191,6 +227,7 @@ def create_app(
     app.include_router(metrics.router)
     app.add_middleware(BodyLimit, limit=settings.max_payload_bytes + _ENVELOPE_BYTES)
     app.add_middleware(HttpMetrics)
+    app.add_middleware(RequestId)
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:

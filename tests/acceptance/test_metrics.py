@@ -85,3 +85,12 @@ def test_api_and_worker_metrics(stack: Stack) -> None:
     slots = {labels["state"]: value for labels, value in mine["treadle_worker_slots"]}
     assert slots["busy"] + slots["free"] == 16.0  # the default concurrency
     _promtool_ok(worker_text)
+
+
+def test_request_ids_are_echoed_or_minted(stack: Stack) -> None:
+    echoed = httpx.get(stack.url + "/healthz", headers={"X-Request-ID": "req-42"})
+    assert echoed.headers["x-request-id"] == "req-42"
+    minted = httpx.get(stack.url + "/healthz")
+    assert len(minted.headers["x-request-id"]) == 32
+    too_long = httpx.get(stack.url + "/healthz", headers={"X-Request-ID": "x" * 500})
+    assert too_long.headers["x-request-id"] != "x" * 500
