@@ -66,14 +66,11 @@ def test_api_and_worker_metrics(stack: Stack) -> None:
     assert not any("0000" in route for route, _ in routes)
     _promtool_ok(api_text)
 
-    worker_text = wait_for_sync(
-        lambda: (
-            (t := httpx.get(f"http://127.0.0.1:{port}/metrics").text)
-            and "treadle_runs_finished_total{" in t
-            and t
-        ),
-        what="worker metrics",
-    )
+    def worker_metrics() -> str | None:
+        text = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        return text if "treadle_runs_finished_total{" in text else None
+
+    worker_text = wait_for_sync(worker_metrics, what="worker metrics")
     mine = _families(worker_text)
     finished = {
         (labels["workflow"], labels["status"], labels["reason"]): value
