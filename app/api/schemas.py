@@ -28,7 +28,7 @@ WorkflowName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-
 class SubmitRunRequest(BaseModel):
     """Body of ``POST /runs``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     workflow: WorkflowName = Field(description="Registered workflow name.")
     input: Any = Field(
@@ -52,7 +52,7 @@ class SubmitRunRequest(BaseModel):
 class CancelRunRequest(BaseModel):
     """Body of ``POST /runs/{run_id}/cancel`` (optional)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     reason: Annotated[str, Field(max_length=1000), AfterValidator(_printable)] | None = None
 
@@ -235,7 +235,7 @@ StepKey = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0
 class SendSignalRequest(BaseModel):
     """Body of ``POST /runs/{run_id}/signals/{name}`` (optional)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     payload: Any = Field(default=None, description="JSON delivered to the waiting workflow.")
 
@@ -251,7 +251,7 @@ class SignalAccepted(BaseModel):
 class ApprovalDecisionRequest(BaseModel):
     """Body of ``POST /runs/{run_id}/approvals/{step_id}``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     decision: Literal["approve", "reject"]
     payload: Any = None
@@ -271,7 +271,7 @@ class ApprovalDecisionResult(BaseModel):
 class RequeueRequest(BaseModel):
     """Body of ``POST /dead-letters/{id}/requeue`` and ``POST /runs/{id}/retry``."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     reason: Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_printable)]
     correlation_id: Identifier | None = None

@@ -18,6 +18,9 @@ from app.db.migrations import migrate
 from app.engine.registry import Registry
 from app.worker.worker import Worker
 
+# Open long-polls (GET /runs/{id}/result?wait=…) are cut after this long on shutdown.
+GRACEFUL_SHUTDOWN_SECONDS = 5
+
 
 async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
     """Migrate, then serve the API and run a worker in this process until Ctrl-C."""
@@ -28,7 +31,12 @@ async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
     worker = Worker(settings, db, registry)
     api = create_app(settings, db=db, on_submit=worker.wake)
     config = uvicorn.Config(
-        api, host=settings.host, port=settings.port, log_level="warning", access_log=False
+        api,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
     )
     server = uvicorn.Server(config)
     token = DevTokens(dev_secret(settings)).mint(
@@ -43,6 +51,9 @@ async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
     loop = asyncio.get_running_loop()
 
     def stop() -> None:
+        # A second Ctrl-C stops at once, without waiting for open long-polls.
+        if server.should_exit:
+            server.force_exit = True
         server.should_exit = True
         worker.stop()
 

@@ -8,6 +8,7 @@ import os
 import sys
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
+from urllib.parse import quote
 
 import httpx
 import typer
@@ -85,7 +86,15 @@ def serve(
     configure_logging(settings)
     _run(_require_schema(settings))  # a clear one-line refusal instead of a lifespan traceback
     api = create_app(settings)
-    uvicorn.run(api, host=settings.host, port=settings.port, log_level="warning", access_log=False)
+    uvicorn.run(
+        api,
+        host=settings.host,
+        port=settings.port,
+        log_level="warning",
+        access_log=False,
+        # Long-polls may wait minutes: on SIGTERM give them 5 s, then close (clients retry).
+        timeout_graceful_shutdown=5,
+    )
 
 
 @app.command()
@@ -134,6 +143,10 @@ def token(
     """Print a dev-mode token (HS256, signed with the local dev secret)."""
     from app.auth.dev import DevTokens, dev_secret
 
+    if ttl <= 0:
+        _fail("--ttl must be a positive number of seconds")
+    if not subject.strip():
+        _fail("--subject must not be empty")
     settings = load_settings()
     try:
         minted = DevTokens(dev_secret(settings)).mint(
@@ -161,6 +174,7 @@ def _client(url: str, tok: str | None) -> httpx.Client:
 
 
 def _show(resp: httpx.Response) -> None:
+    """Print a response (JSON pretty, text as is); exit 1 on an error status."""
     if resp.headers.get("content-type", "").startswith("text/plain"):
         typer.echo(resp.text, nl=False)
     else:
@@ -179,7 +193,10 @@ def runs_start(
     tok: TOKEN = None,
 ) -> None:
     """Submit a run."""
-    text = Path(input_json[1:]).read_text() if input_json.startswith("@") else input_json
+    try:
+        text = Path(input_json[1:]).read_text() if input_json.startswith("@") else input_json
+    except OSError as exc:
+        _fail(f"--input: cannot read {input_json[1:]!r}: {exc.strerror}")
     try:
         payload = stdjson.loads(text)
     except ValueError as exc:
@@ -257,7 +274,10 @@ def runs_result(
 def _json_option(text: str | None) -> Any:
     if text is None:
         return None
-    raw = Path(text[1:]).read_text() if text.startswith("@") else text
+    try:
+        raw = Path(text[1:]).read_text() if text.startswith("@") else text
+    except OSError as exc:
+        _fail(f"--payload: cannot read {text[1:]!r}: {exc.strerror}")
     try:
         return stdjson.loads(raw)
     except ValueError as exc:
@@ -274,7 +294,12 @@ def runs_signal(
 ) -> None:
     """Send a signal to a run."""
     with _client(url, tok) as c:
-        _show(c.post(f"/runs/{run_id}/signals/{name}", json={"payload": _json_option(payload)}))
+        _show(
+            c.post(
+                f"/runs/{quote(run_id, safe='')}/signals/{quote(name, safe='')}",
+                json={"payload": _json_option(payload)},
+            )
+        )
 
 
 @runs_app.command("approve")
@@ -294,7 +319,7 @@ def runs_approve(
         "payload": _json_option(payload),
     }
     with _client(url, tok) as c:
-        _show(c.post(f"/runs/{run_id}/approvals/{step}", json=body))
+        _show(c.post(f"/runs/{quote(run_id, safe='')}/approvals/{quote(step, safe='')}", json=body))
 
 
 @runs_app.command("resume")
@@ -345,7 +370,17 @@ def dlq_requeue(
 
 def main() -> None:
     """Console-script entry point."""
-    app()
+    try:
+        app()
+    except httpx.ConnectError as exc:
+        _fail_plain(f"cannot reach the API: {exc} (is `treadle serve` running? TREADLE_URL?)")
+    except httpx.HTTPError as exc:
+        _fail_plain(f"HTTP error talking to the API: {exc}")
+
+
+def _fail_plain(message: str) -> NoReturn:
+    typer.secho(message, fg=typer.colors.RED, err=True)
+    raise SystemExit(2)
 
 
 if __name__ == "__main__":

@@ -34,15 +34,36 @@ MAX_DEPTH = 200
 """Deepest nesting of arrays/objects accepted in a payload (pydantic's parser limit)."""
 
 
+def _unicode_ok(text: str) -> bool:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
 def check_depth(value: Any, what: str, max_depth: int = MAX_DEPTH) -> None:
-    """Refuse payloads nested deeper than ``max_depth`` (iterative: no recursion limit).
+    """Refuse payloads nested too deep or holding strings that are not valid Unicode.
+
+    Lone surrogates: JSON can spell them, but no typed model accepts them, so they would
+    fail the run later; refusing them up front loses nothing. Iterative, so no recursion
+    limit applies.
 
     Raises:
-        InvalidInput: too deep.
+        InvalidInput: too deep, or a lone surrogate.
     """
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        if isinstance(item, str):
+            if not _unicode_ok(item):
+                raise InvalidInput(
+                    f"{what} holds a string that is not valid Unicode (a lone surrogate)",
+                    errors=[{"path": "$", "message": "lone surrogate in a string"}],
+                )
+            continue
+        if isinstance(item, dict):
+            stack.extend((key, depth) for key in item)
         if isinstance(item, dict | list):
             if depth > max_depth:
                 raise InvalidInput(
@@ -63,10 +84,16 @@ def dumps_limited(value: Any, limit: int, what: str) -> str:
 
     Raises:
         PayloadTooLarge: the encoded value is longer than ``limit`` bytes.
-        InvalidInput: nested deeper than :data:`MAX_DEPTH`.
+        InvalidInput: nested deeper than :data:`MAX_DEPTH`, a lone surrogate, NaN.
     """
     check_depth(value, what)
-    text = dumps(value)
+    try:
+        text = dumps(value)
+    except ValueError as exc:  # NaN / Infinity: Python parses them, JSON does not have them
+        raise InvalidInput(
+            f"{what} contains NaN or Infinity, which JSON does not allow",
+            errors=[{"path": "$", "message": str(exc)}],
+        ) from exc
     if len(text) > limit:
         raise PayloadTooLarge(
             f"{what} is {len(text)} bytes encoded; the limit is {limit} bytes",

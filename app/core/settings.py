@@ -20,9 +20,12 @@ class AuthMode(StrEnum):
     """How bearer tokens are verified.
 
     ``dev``: HS256 tokens minted locally by ``treadle token`` with a shared secret.
+    ``jwt``: tokens from an identity provider, verified against its JWKS (RS256, ES256,
+    EdDSA by default). In both modes per-tenant API keys (``tdl_…``) are accepted too.
     """
 
     DEV = "dev"
+    JWT = "jwt"
 
 
 class LogFormat(StrEnum):
@@ -59,6 +62,25 @@ class Settings(BaseSettings):
     )
     data_dir: Path = Field(default=DEFAULT_DATA_DIR, description="Local state for dev mode.")
 
+    jwt_issuer: str | None = Field(default=None, description="Required `iss` (jwt mode).")
+    jwt_audience: str | None = Field(default=None, description="Required `aud` (jwt mode).")
+    jwt_jwks_url: str | None = Field(default=None, description="JWKS URL of the provider.")
+    jwt_jwks_file: Path | None = Field(default=None, description="JWKS JSON file instead.")
+    jwt_algorithms: list[str] = Field(
+        default=["RS256", "ES256", "EdDSA"],
+        description="Allowed `alg` values; `none` and HS* are always refused.",
+    )
+    jwt_leeway_seconds: int = Field(default=60, ge=0, le=600)
+    jwt_tenant_claim: str = "tenant"
+    jwt_scope_claim: str = "scope"
+    jwt_groups_claim: str = "groups"
+    jwks_refresh_min_seconds: float = Field(
+        default=30.0,
+        ge=0,
+        le=3600,
+        description="Least time between two JWKS fetches (unknown `kid` triggers one).",
+    )
+
     max_payload_bytes: int = Field(
         default=1_048_576, ge=1024, le=64 * 1_048_576, description="Ceiling on one JSON payload."
     )
@@ -87,6 +109,29 @@ class Settings(BaseSettings):
             # Frozen model: set once, during validation.
             object.__setattr__(
                 self, "database_url", f"sqlite+aiosqlite:///{self.data_dir / 'treadle.db'}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_jwt(self) -> Self:
+        if self.auth_mode == AuthMode.JWT:
+            missing = [
+                name
+                for name, value in (
+                    ("TREADLE_JWT_ISSUER", self.jwt_issuer),
+                    ("TREADLE_JWT_AUDIENCE", self.jwt_audience),
+                )
+                if not value
+            ]
+            if not (self.jwt_jwks_url or self.jwt_jwks_file):
+                missing.append("TREADLE_JWT_JWKS_URL or TREADLE_JWT_JWKS_FILE")
+            if missing:
+                raise ValueError("TREADLE_AUTH_MODE=jwt needs " + ", ".join(missing))
+        bad = [a for a in self.jwt_algorithms if a.lower() == "none" or a.upper().startswith("HS")]
+        if bad:
+            raise ValueError(
+                f"TREADLE_JWT_ALGORITHMS may not contain {bad}: symmetric or "
+                "unsigned algorithms are refused"
             )
         return self
 

@@ -341,7 +341,7 @@ async def _await_decision(
                 step_id=step_id,
                 seq=seq,
                 kind="approval",
-                name=step_id,
+                name=step_id.split("#")[0],  # the approval's name, as ctx.approval passes it
                 deadline=deadline,
                 detail=detail,
             )

@@ -24,8 +24,9 @@ OPERATIONS: dict[str, tuple[str, str, dict[str, Any]]] = {
     if method in HTTP_METHODS and "operationId" in op
 }
 PROBLEM_REF = "#/components/schemas/Problem"
-# Health probes take no token and answer with a Health body (503 when not ready).
-PROBES = {"get_health", "get_readiness"}
+# Health probes take no token and answer with a Health body (503 when not ready); the
+# Prometheus endpoint takes no token either (scrapers are restricted at the network).
+PROBES = {"get_health", "get_readiness", "get_metrics"}
 
 
 def problem_statuses(op: dict[str, Any]) -> set[str]:

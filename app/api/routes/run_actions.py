@@ -22,6 +22,13 @@ SignalName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-
 StepPath = Annotated[str, Path(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.\-#:]+$")]
 
 
+def _wake(request: Request) -> None:
+    # An in-process worker (treadle dev) has no LISTEN/NOTIFY on SQLite: poke it directly.
+    on_submit = getattr(request.app.state, "on_submit", None)
+    if on_submit is not None:
+        on_submit()
+
+
 @router.post(
     "/{run_id}/signals/{name}",
     operation_id="send_signal",
@@ -33,13 +40,6 @@ StepPath = Annotated[str, Path(min_length=1, max_length=255, pattern=r"^[A-Za-z0
         413: {"model": schemas.Problem, "description": "Payload over the limit"},
     },
 )
-def _wake(request: Request) -> None:
-    # An in-process worker (treadle dev) has no LISTEN/NOTIFY on SQLite: poke it directly.
-    on_submit = getattr(request.app.state, "on_submit", None)
-    if on_submit is not None:
-        on_submit()
-
-
 async def send_signal(
     run_id: str,
     request: Request,

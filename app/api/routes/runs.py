@@ -5,11 +5,12 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse
+from pydantic import ValidationError
 
 from app.api import schemas
 from app.api.deps import DB, RunsCancel, RunsRead, RunsWrite, SettingsDep, SubmitterDep
@@ -18,7 +19,7 @@ from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
 from app.api.views import dead_letter_view, event_view, render_report_text, run_view, step_view
 from app.auth.principal import Principal
 from app.core import metrics
-from app.core.errors import BadRequest, RunNotFound
+from app.core.errors import BadRequest, InvalidInput, RunNotFound
 from app.core.status import RunStatus
 from app.db.database import fetch_now
 from app.db.queries import dead_letters as dl_q
@@ -79,9 +80,15 @@ async def submit_run(
     """
     key = body.idempotency_key
     if idempotency_key_header is not None:
-        header_key = schemas.SubmitRunRequest.model_validate(
-            {"workflow": body.workflow, "idempotency_key": idempotency_key_header}
-        ).idempotency_key
+        try:
+            header_key = schemas.SubmitRunRequest.model_validate(
+                {"workflow": body.workflow, "idempotency_key": idempotency_key_header}
+            ).idempotency_key
+        except ValidationError:
+            raise InvalidInput(
+                "Idempotency-Key header must be 1..255 printable characters",
+                errors=[{"path": "header.Idempotency-Key", "message": "invalid"}],
+            ) from None
         if key is not None and key != header_key:
             raise BadRequest("Idempotency-Key header and body idempotency_key differ")
         key = header_key
@@ -125,6 +132,11 @@ async def list_runs(
     for value in (created_after, created_before):
         if value is not None and value.tzinfo is None:
             raise BadRequest("created_after/created_before need a timezone (e.g. Z)")
+    try:
+        created_after = created_after.astimezone(UTC) if created_after else None
+        created_before = created_before.astimezone(UTC) if created_before else None
+    except OverflowError:
+        raise BadRequest("created_after/created_before is out of range") from None
     filters = {
         "workflow": workflow,
         "status": status.value if status else None,

@@ -1,0 +1,143 @@
+"""JWT bearer tokens from an identity provider, verified with joserfc against a JWKS.
+
+Rules (RFC 7519, RFC 8725 "JWT best current practices"): the algorithm must be in the
+allow-list (``none`` and HS* never are, which also closes HS/RS key confusion); the key is
+chosen by ``kid`` from the provider's JWKS, fetched from a URL (cached; an unknown ``kid``
+triggers a refresh at most every ``TREADLE_JWKS_REFRESH_MIN_SECONDS``) or read from a file;
+``iss``, ``aud`` and ``exp`` are required, ``nbf``/``iat`` honoured, all with leeway.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from typing import Any
+
+import httpx
+from joserfc import jws, jwt
+from joserfc.errors import InvalidKeyIdError, JoseError
+from joserfc.jwk import KeySet
+
+from app.auth.principal import Principal, Scope
+from app.core.errors import Unauthenticated
+from app.core.settings import Settings
+
+_TENANT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
+
+
+class JwksSource:
+    """The provider's keys: a JWKS file, or a URL fetched with httpx and cached.
+
+    Args:
+        settings: ``jwt_jwks_url`` / ``jwt_jwks_file`` and the refresh rate limit.
+        client: HTTP client for the URL (tests pass one bound to a local server).
+    """
+
+    def __init__(self, settings: Settings, client: httpx.AsyncClient | None = None) -> None:
+        self._url = settings.jwt_jwks_url
+        self._file = settings.jwt_jwks_file
+        self._min_interval = settings.jwks_refresh_min_seconds
+        self._client = client
+        self._keys: KeySet | None = None
+        self._fetched_at = -1e9
+        self._lock = asyncio.Lock()
+
+    async def keys(self, *, refresh: bool = False) -> KeySet:
+        """The current key set; ``refresh`` re-fetches unless one happened very recently.
+
+        Raises:
+            Unauthenticated: no keys could be loaded (the provider is unreachable).
+        """
+        async with self._lock:
+            stale = self._keys is None or (
+                refresh and time.monotonic() - self._fetched_at >= self._min_interval
+            )
+            if stale:
+                self._keys = await self._load()
+                self._fetched_at = time.monotonic()
+            assert self._keys is not None
+            return self._keys
+
+    async def _load(self) -> KeySet:
+        try:
+            if self._file is not None:
+                data: Any = json.loads(self._file.read_text())
+            else:
+                assert self._url is not None
+                client = self._client or httpx.AsyncClient(timeout=5.0)
+                try:
+                    response = await client.get(self._url)
+                    response.raise_for_status()
+                    data = response.json()
+                finally:
+                    if self._client is None:
+                        await client.aclose()
+            return KeySet.import_key_set(data)
+        except (OSError, ValueError, httpx.HTTPError, JoseError) as exc:
+            if self._keys is not None:
+                return self._keys  # keep serving the keys we have
+            raise Unauthenticated(f"cannot load the identity provider's keys: {exc}") from exc
+
+
+class JwtVerifier:
+    """Verify provider tokens and map their claims to a :class:`Principal`.
+
+    Claim names come from settings: ``TREADLE_JWT_TENANT_CLAIM`` (default ``tenant``),
+    ``TREADLE_JWT_SCOPE_CLAIM`` (``scope``: space-separated string or list) and
+    ``TREADLE_JWT_GROUPS_CLAIM`` (``groups``).
+    """
+
+    def __init__(self, settings: Settings, source: JwksSource | None = None) -> None:
+        self.settings = settings
+        self.source = source or JwksSource(settings)
+        self.algorithms = list(settings.jwt_algorithms)
+        self._claims = jwt.JWTClaimsRegistry(
+            leeway=settings.jwt_leeway_seconds,
+            iss={"essential": True, "value": settings.jwt_issuer or ""},
+            aud={"essential": True, "value": settings.jwt_audience or ""},
+            sub={"essential": True},
+            exp={"essential": True},
+        )
+
+    async def verify(self, token: str) -> Principal:
+        """Verify ``token`` and return its principal.
+
+        Raises:
+            Unauthenticated: malformed, wrong algorithm, unknown key, bad signature,
+                expired, not yet valid, wrong issuer or audience, no tenant.
+        """
+        try:
+            header = jws.extract_compact(token.encode("ascii")).headers()
+        except (JoseError, ValueError, UnicodeError) as exc:
+            raise Unauthenticated("invalid token: malformed") from exc
+        alg = header.get("alg")
+        if alg not in self.algorithms:
+            raise Unauthenticated(f"invalid token: algorithm {alg!r} is not accepted")
+        keys = await self.source.keys()
+        try:
+            try:
+                decoded = jwt.decode(token, keys, algorithms=self.algorithms)
+            except InvalidKeyIdError:
+                keys = await self.source.keys(refresh=True)  # the provider rotated its keys
+                decoded = jwt.decode(token, keys, algorithms=self.algorithms)
+            self._claims.validate(decoded.claims)
+        except (JoseError, ValueError) as exc:
+            raise Unauthenticated(f"invalid token: {exc}") from exc
+        return self._principal(decoded.claims)
+
+    def _principal(self, claims: dict[str, Any]) -> Principal:
+        s = self.settings
+        tenant = claims.get(s.jwt_tenant_claim)
+        if not isinstance(tenant, str) or not tenant or not set(tenant) <= _TENANT_CHARS:
+            raise Unauthenticated(f"invalid token: missing or malformed {s.jwt_tenant_claim!r}")
+        raw_scopes = claims.get(s.jwt_scope_claim, "")
+        names = raw_scopes.split() if isinstance(raw_scopes, str) else list(raw_scopes or [])
+        scopes = frozenset(Scope(n) for n in names if n in Scope._value2member_map_)
+        groups = claims.get(s.jwt_groups_claim) or []
+        return Principal(
+            tenant_id=tenant,
+            subject=str(claims["sub"]),
+            scopes=scopes,
+            groups=frozenset(str(g) for g in groups) if isinstance(groups, list) else frozenset(),
+        )
