@@ -383,3 +383,59 @@ async def test_resume_skips_a_retry_backoff(wsettings: Settings, db: Database) -
         await control.resume(db, tenant_id=TENANT, run_id=run_id, actor="op")
         row = await status_is(db, run_id, "completed")
     assert row["output"] == '"lucky"'
+
+
+@workflow("w-two-approvals")
+async def two_approvals(ctx: WorkflowContext, job: Job) -> list[str]:
+    first = await ctx.approval("manager")
+    second = await ctx.approval("manager")
+    return [*first.decided_by, *second.decided_by]
+
+
+async def test_the_same_approval_name_twice_replays(wsettings: Settings, db: Database) -> None:
+    registry = Registry([two_approvals])
+    async with db.write() as conn:
+        await registry.register(conn)
+    row, _ = await Submitter(db, wsettings).submit(
+        SubmitRequest(workflow="w-two-approvals", input={"key": "two"}),
+        tenant_id=TENANT,
+        subject="submitter",
+    )
+    run_id = row["run_id"]
+    w = Worker(wsettings, db, registry, concurrency=2)
+    task = asyncio.create_task(w.run())
+    try:
+        for step_id, who in (("manager", "ann"), ("manager#2", "bob")):
+            await status_is(db, run_id, "waiting_approval")
+
+            async def recorded(sid: str = step_id) -> bool:
+                return await _has_step(db, run_id, sid)
+
+            await wait_for(recorded, what=f"approval {step_id} recorded")
+            await control.decide_approval(
+                db,
+                wsettings,
+                tenant_id=TENANT,
+                run_id=run_id,
+                step_id=step_id,
+                subject=who,
+                groups=frozenset(),
+                decision="approve",
+                payload=None,
+                comment=None,
+            )
+        done = await status_is(db, run_id, "completed", "failed")
+    finally:
+        w.stop()
+        await asyncio.wait_for(task, 30)
+    assert (done["status"], done["output"]) == ("completed", '["ann","bob"]'), done["error"]
+
+
+async def _has_step(db: Database, run_id: Any, step_id: str) -> bool:
+    async with db.read() as conn:
+        found = (
+            await conn.execute(
+                select(steps.c.status).where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+            )
+        ).scalar()
+    return found == "waiting"

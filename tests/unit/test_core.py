@@ -145,3 +145,15 @@ def test_invalid_secret_is_not_echoed(monkeypatch: pytest.MonkeyPatch) -> None:
     message = format_settings_error(err.value)
     assert "TREADLE_DEV_SECRET" in message
     assert "short-secret" not in message
+
+
+def test_payload_checks_refuse_what_no_model_accepts() -> None:
+    from app.core.errors import InvalidInput
+
+    for bad in (float("nan"), {"x": float("inf")}, "a\ud800", {"\udc00": 1}):
+        with pytest.raises(InvalidInput):
+            json.dumps_limited(bad, 10_000, "input")
+    with pytest.raises(InvalidInput):
+        json.check_depth([[[[1]]]], "input", max_depth=3)
+    json.check_depth([[[1]]], "input", max_depth=3)
+    assert json.dumps_limited({"ok": "𝄞\u0000"}, 100, "input") == '{"ok":"\\ud834\\udd1e\\u0000"}'
