@@ -17,7 +17,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import problems
 from app.api.routes import dead_letters, health, metrics, run_actions, runs, workflows
-from app.auth.dev import DevTokens, dev_secret
+from app.auth.authenticator import Authenticator
 from app.core import metrics as core_metrics
 from app.core.settings import Settings
 from app.db.database import Database
@@ -216,7 +216,7 @@ def create_app(
     app.state.settings = settings
     app.state.db = database
     app.state.submitter = Submitter(database, settings)
-    app.state.tokens = DevTokens(dev_secret(settings))
+    app.state.authenticator = Authenticator(settings)
     app.state.on_submit = on_submit
     problems.install(app)
     app.include_router(runs.router)

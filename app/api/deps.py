@@ -8,7 +8,7 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from app.auth.dev import DevTokens
+from app.auth.authenticator import Authenticator
 from app.auth.principal import Principal, Scope
 from app.core.errors import Forbidden, Unauthenticated
 from app.core.settings import Settings
@@ -47,8 +47,8 @@ async def get_principal(
     """
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthenticated("missing bearer token")
-    tokens: DevTokens = request.app.state.tokens
-    return tokens.verify(credentials.credentials)
+    authenticator: Authenticator = request.app.state.authenticator
+    return await authenticator.authenticate(credentials.credentials)
 
 
 def require(scope: Scope) -> Callable[..., Coroutine[Any, Any, Principal]]:

@@ -92,6 +92,9 @@ class JwtVerifier:
         self.settings = settings
         self.source = source or JwksSource(settings)
         self.algorithms = list(settings.jwt_algorithms)
+        # An explicit registry: joserfc's default one refuses some algorithms the operator
+        # may allow (Ed25519), and ours never contains none or HS*.
+        self._registry = jws.JWSRegistry(algorithms=self.algorithms)
         self._claims = jwt.JWTClaimsRegistry(
             leeway=settings.jwt_leeway_seconds,
             iss={"essential": True, "value": settings.jwt_issuer or ""},
@@ -117,10 +120,14 @@ class JwtVerifier:
         keys = await self.source.keys()
         try:
             try:
-                decoded = jwt.decode(token, keys, algorithms=self.algorithms)
+                decoded = jwt.decode(
+                    token, keys, algorithms=self.algorithms, registry=self._registry
+                )
             except InvalidKeyIdError:
                 keys = await self.source.keys(refresh=True)  # the provider rotated its keys
-                decoded = jwt.decode(token, keys, algorithms=self.algorithms)
+                decoded = jwt.decode(
+                    token, keys, algorithms=self.algorithms, registry=self._registry
+                )
             self._claims.validate(decoded.claims)
         except (JoseError, ValueError) as exc:
             raise Unauthenticated(f"invalid token: {exc}") from exc

@@ -21,7 +21,7 @@ class AuthMode(StrEnum):
 
     ``dev``: HS256 tokens minted locally by ``treadle token`` with a shared secret.
     ``jwt``: tokens from an identity provider, verified against its JWKS (RS256, ES256,
-    EdDSA by default). In both modes per-tenant API keys (``tdl_…``) are accepted too.
+    Ed25519 by default). In both modes per-tenant API keys (``tdl_…``) are accepted too.
     """
 
     DEV = "dev"
@@ -67,8 +67,9 @@ class Settings(BaseSettings):
     jwt_jwks_url: str | None = Field(default=None, description="JWKS URL of the provider.")
     jwt_jwks_file: Path | None = Field(default=None, description="JWKS JSON file instead.")
     jwt_algorithms: list[str] = Field(
-        default=["RS256", "ES256", "EdDSA"],
-        description="Allowed `alg` values; `none` and HS* are always refused.",
+        default=["RS256", "ES256", "Ed25519"],
+        description="Allowed `alg` values; `none` and HS* are always refused. Ed25519 is the "
+        "RFC 9864 name of EdDSA over Ed25519; the older `EdDSA` may be listed explicitly.",
     )
     jwt_leeway_seconds: int = Field(default=60, ge=0, le=600)
     jwt_tenant_claim: str = "tenant"
