@@ -15,7 +15,7 @@ test: install
 lint:
 	uv run ruff check .
 	uv run ruff format --check .
-	uv run mypy app examples tests
+	uv run mypy app examples tests benchmarks
 	uv run lint-imports
 
 fmt:

@@ -90,4 +90,3 @@ class EventKind(StrEnum):
     APPROVAL_RESOLVED = "approval_resolved"
     RUN_RESUMED = "run_resumed"
     CHILD_FINISHED = "child_finished"
-    RUN_RETRIED = "run_retried"

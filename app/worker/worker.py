@@ -15,7 +15,7 @@ import signal
 import socket
 import time
 import uuid
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import prometheus_client
@@ -59,7 +59,6 @@ class WorkerStats:
     suspended: int = 0
     lease_lost: int = 0
     released: int = 0
-    extra: dict[str, int] = field(default_factory=dict)
 
 
 class Worker:
