@@ -6,6 +6,7 @@ import asyncio
 import json as stdjson
 import os
 import sys
+from collections.abc import Coroutine
 from pathlib import Path
 from typing import Annotated, Any, NoReturn
 from urllib.parse import quote
@@ -37,7 +38,7 @@ def load_settings(**overrides: Any) -> Settings:
         _fail("invalid settings:\n" + format_settings_error(exc))
 
 
-def _run(coro: Any) -> None:
+def _run(coro: Coroutine[Any, Any, None]) -> None:
     from app.core.errors import SchemaVersionMismatch
 
     try:

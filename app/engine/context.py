@@ -19,7 +19,7 @@ from app.sdk.workflow import WorkflowDefinition
 if TYPE_CHECKING:
     from sqlalchemy import RowMapping
 
-    from app.engine.executor import RunExecution
+    from app.engine.executor import Compensation, RunExecution
 
 
 class ReplayContext(WorkflowContext):
@@ -106,7 +106,7 @@ class ReplayContext(WorkflowContext):
             ),
         )
 
-    def compensation_step(self, comp: Any, result: Any) -> Coroutine[Any, Any, Any]:
+    def compensation_step(self, comp: Compensation, result: Any) -> Coroutine[Any, Any, Any]:
         """Journal and run one registered compensation (``<step_id>__compensate``)."""
         from app.engine.executor import COMPENSATION_SEQ_BASE
 

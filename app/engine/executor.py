@@ -21,7 +21,7 @@ import uuid
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import RowMapping
@@ -40,6 +40,9 @@ from app.sdk.context import StepInfo, WorkflowContext, _current_step
 from app.sdk.errors import NondeterminismError, Permanent, StepFailed
 from app.sdk.retry import RetryPolicy
 from app.sdk.workflow import WorkflowDefinition
+
+if TYPE_CHECKING:
+    from app.engine.context import ReplayContext
 
 T = TypeVar("T")
 
@@ -318,7 +321,7 @@ class RunExecution:
         if self.cancelling:
             raise CancelPoint()
 
-    async def _compensate(self, ctx: Any, cause: Failed | None) -> Failed:
+    async def _compensate(self, ctx: ReplayContext, cause: Failed | None) -> Failed:
         """Run registered compensations in reverse call order; ``cause`` None = cancel.
 
         Returns the terminal outcome: ``compensated`` / ``cancelled`` when every undo

@@ -8,11 +8,14 @@ from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, TypeVar, overload
+from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from pydantic import BaseModel
 
 from app.sdk.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from app.sdk.workflow import WorkflowDefinition
 
 T = TypeVar("T")
 
@@ -228,7 +231,7 @@ class WorkflowContext(abc.ABC):
     @abc.abstractmethod
     async def child(
         self,
-        workflow: Any,
+        workflow: str | WorkflowDefinition[Any, Any],
         input: Any,
         *,
         version: str | None = None,
@@ -250,7 +253,7 @@ class WorkflowContext(abc.ABC):
     @abc.abstractmethod
     async def start_child(
         self,
-        workflow: Any,
+        workflow: str | WorkflowDefinition[Any, Any],
         input: Any,
         *,
         version: str | None = None,

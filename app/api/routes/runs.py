@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse
 from pydantic import ValidationError
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api import schemas
 from app.api.deps import DB, RunsCancel, RunsRead, RunsWrite, SettingsDep, SubmitterDep
@@ -20,6 +22,7 @@ from app.api.views import dead_letter_view, event_view, render_report_text, run_
 from app.auth.principal import Principal
 from app.core import metrics
 from app.core.errors import BadRequest, InvalidInput, RunNotFound
+from app.core.settings import Settings
 from app.core.status import RunStatus
 from app.db.database import fetch_now
 from app.db.queries import dead_letters as dl_q
@@ -182,7 +185,7 @@ async def get_run(run_id: str, principal: RunsRead, db: DB, settings: SettingsDe
     return run_view(row, counts, blocked)
 
 
-async def _blocked(conn: Any, row: Any, settings: Any) -> str | None:
+async def _blocked(conn: AsyncConnection, row: RowMapping, settings: Settings) -> str | None:
     if row["status"] not in _NEEDS_WORKER:
         return None
     return await defs_q.blocked_reason(
