@@ -87,6 +87,13 @@ class Settings(BaseSettings):
     )
     max_steps_per_run: int = Field(default=10_000, ge=1, le=1_000_000)
 
+    max_lost_attempts: int = Field(
+        default=3,
+        ge=0,
+        le=100,
+        description="Attempts of one step interrupted by a lost worker (kill -9, crash) that "
+        "do not count against its retry budget; beyond this the step fails.",
+    )
     lease_ttl_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
     heartbeat_interval_seconds: float = Field(default=10.0, gt=0.0)
     poll_interval_seconds: float = Field(default=1.0, ge=0.01, le=60.0)

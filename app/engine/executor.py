@@ -225,6 +225,8 @@ class RunExecution:
         # A cancelled run is replayed only to rebuild its compensations, never to advance.
         self.cancelling = run["status"] == RunStatus.CANCELLING.value
         self._registered: list[tuple[Compensation, Any]] = []
+        # Attempts of each step interrupted by a lost worker (not counted as failures).
+        self._lost: dict[str, int] = {}
 
     def db_now(self) -> datetime:
         """The database clock, estimated from the claim time plus local monotonic time."""
@@ -465,12 +467,14 @@ class RunExecution:
             return adapter.validate_python(json.loads(entry["output"]))
         if kind != "compensation":
             self.cancel_point()
-        detail = (
-            None if compensation is None else json.dumps({"compensate": step_name(compensation.fn)})
-        )
+        marks: dict[str, Any] = {}
+        if compensation is not None:
+            marks["compensate"] = step_name(compensation.fn)
+        lost = 0
         if entry is not None:
             status = StepStatus(entry["status"])
             attempt = int(entry["attempt"])
+            lost = int((json.loads(entry["detail"]) or {}).get("lost_attempts", 0))
             if status in (StepStatus.FAILED, StepStatus.TIMED_OUT):
                 err = json.loads(entry["error"]) or {}
                 raise StepFailed(
@@ -482,12 +486,24 @@ class RunExecution:
                 )
             if status == StepStatus.RETRY_WAIT:
                 due = entry["next_attempt_at"]
-            elif status == StepStatus.RUNNING and attempt >= retry.max_attempts:
-                # The worker died during the last allowed attempt: that attempt counts.
-                lost = {"type": "WorkerLost", "message": "worker lost during the last attempt"}
-                await self._finish_step_failed(
-                    step_id, StepStatus.FAILED, RunReason.FAILURE_ATTEMPTS_EXHAUSTED, lost, attempt
-                )
+            elif status == StepStatus.RUNNING:
+                # The worker died mid-attempt. That is not the step's failure, so it does
+                # not use the retry budget, up to TREADLE_MAX_LOST_ATTEMPTS: past that the
+                # step itself is the likely killer (a poison pill) and fails.
+                lost += 1
+                if lost > self.settings.max_lost_attempts:
+                    info = {
+                        "type": "WorkerLost",
+                        "message": f"{lost} attempts were interrupted by a lost worker "
+                        f"(TREADLE_MAX_LOST_ATTEMPTS={self.settings.max_lost_attempts})",
+                    }
+                    await self._finish_step_failed(
+                        step_id,
+                        StepStatus.FAILED,
+                        RunReason.FAILURE_ATTEMPTS_EXHAUSTED,
+                        info,
+                        attempt,
+                    )
         elif kind != "compensation" and seq >= self.settings.max_steps_per_run:
             ceiling = CeilingExceeded(
                 f"run reached TREADLE_MAX_STEPS_PER_RUN={self.settings.max_steps_per_run}",
@@ -498,6 +514,10 @@ class RunExecution:
                 RunReason.FAILURE_NON_RETRYABLE, error_info(ceiling, **ceiling.data)
             )
             raise ceiling
+        if lost:
+            marks["lost_attempts"] = lost
+        self._lost[step_id] = lost
+        detail = json.dumps(marks) if marks else None
 
         while True:
             if due is not None:
@@ -642,7 +662,7 @@ class RunExecution:
         if timed_out is not None:
             info["type"] = "StepTimeout"
             info["message"] = f"attempt {attempt} exceeded its timeout of {timed_out} s"
-        if attempt >= retry.max_attempts:
+        if attempt - self._lost.get(step_id, 0) >= retry.max_attempts:
             if timed_out is not None:
                 await self._finish_step_failed(
                     step_id, StepStatus.TIMED_OUT, RunReason.FAILURE_TIMED_OUT, info, attempt

@@ -44,7 +44,8 @@ def finish(previous: str) -> str:
 @workflow("acc-hold")
 async def hold_flow(ctx: WorkflowContext, job: Job) -> str:
     """One held step, then one quick step."""
-    first = await ctx.step(hold, job.name, retry=RetryPolicy(max_attempts=5, delay=0.05))
+    # One attempt only: an attempt cut short by a killed worker must not use it up.
+    first = await ctx.step(hold, job.name, retry=RetryPolicy(max_attempts=1))
     return await ctx.step(finish, first)
 
 

@@ -113,6 +113,11 @@ async def parallel_flow(ctx: WorkflowContext, n: Numbers) -> list[str]:
     return list(results)
 
 
+@workflow("it-once")
+async def once_flow(ctx: WorkflowContext, n: Numbers) -> int:
+    return await ctx.step(add, n.a, n.b, retry=RetryPolicy(max_attempts=1))
+
+
 @workflow("it-timeout")
 async def timeout_flow(ctx: WorkflowContext, n: Numbers) -> None:
     await ctx.step(asyncio.sleep, 5, timeout=0.05, retry=RetryPolicy(max_attempts=2, delay=0.01))
@@ -145,6 +150,7 @@ REGISTRY = Registry(
         slow_flow,
         parallel_flow,
         timeout_flow,
+        once_flow,
         branch_fails_flow,
     ]
 )
@@ -361,3 +367,79 @@ async def test_failed_branch_cancels_its_sibling(settings: Settings, db: Databas
     async with db.read() as conn:
         statuses = dict((await conn.execute(select(steps.c.step_id, steps.c.status))).all())
     assert statuses == {"slow": "cancelled", "fail": "failed"}
+
+
+async def test_lost_attempts_do_not_use_the_retry_budget(
+    database_url: str, tmp_path: Any, db: Database
+) -> None:
+    from sqlalchemy import update
+
+    from app.db.queries import steps as steps_q
+    from app.db.tables import runs
+    from tests.conftest import make_settings
+
+    settings = make_settings(database_url, tmp_path, max_lost_attempts=2)
+
+    async def crash_mid_attempt(run_id: Any) -> None:
+        # What a kill -9 leaves behind: the attempt recorded as running, the lease gone.
+        async with db.write() as conn:
+            claimed = await runs_q.claim_runs(
+                conn, worker_id="dead", definition_keys=REGISTRY.keys, limit=1, lease_ttl=60
+            )
+            assert [r["run_id"] for r in claimed] == [run_id]
+            prior = (
+                await conn.execute(
+                    select(steps.c.attempt, steps.c.detail).where(steps.c.run_id == run_id)
+                )
+            ).first()
+            detail = prior[1] if prior else None
+            lost = 0 if detail is None else json_loads(detail).get("lost_attempts", 0)
+            if prior is not None:
+                detail = f'{{"lost_attempts":{lost + 1}}}'  # what the replay records
+            await steps_q.start_attempt(
+                conn,
+                run_id=run_id,
+                tenant_id=TENANT,
+                step_id="add",
+                seq=0,
+                kind="step",
+                name="add",
+                attempt=(prior[0] if prior else 0) + 1,
+                max_attempts=1,
+                fence=claimed[0]["fence"],
+                detail=detail,
+            )
+            await conn.execute(
+                update(runs)
+                .where(runs.c.run_id == run_id)
+                .values(status="queued", lease_owner=None, available_at=claimed[0]["created_at"])
+            )
+
+    forgiven = await submit(db, settings, "it-once", a=1, b=2)
+    for _ in range(2):
+        await crash_mid_attempt(forgiven)
+    async with running_worker(settings, db):
+        row = await finished(db, forgiven)
+    assert (row["status"], row["output"]) == ("completed", "3"), row["error"]
+    async with db.read() as conn:
+        attempt, detail = (
+            await conn.execute(
+                select(steps.c.attempt, steps.c.detail).where(steps.c.run_id == forgiven)
+            )
+        ).one()
+    assert attempt == 3 and '"lost_attempts":2' in detail
+
+    poison = await submit(db, settings, "it-once", a=5, b=5)
+    for _ in range(3):
+        await crash_mid_attempt(poison)
+    async with running_worker(settings, db):
+        row = await finished(db, poison)
+    assert (row["status"], row["reason"]) == ("failed", "failure_attempts_exhausted")
+    assert "WorkerLost" in row["error"]
+
+
+def json_loads(text: str) -> dict[str, Any]:
+    from app.core import json
+
+    loaded: dict[str, Any] = json.loads(text)
+    return loaded

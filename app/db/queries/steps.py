@@ -71,6 +71,7 @@ async def start_attempt(
             "fence": fence,
             "next_attempt_at": None,
             "error": ins.excluded.error,
+            "detail": ins.excluded.detail,
         },
     )
     await conn.execute(stmt)
