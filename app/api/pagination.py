@@ -44,3 +44,20 @@ def decode_token(token: str, tenant_id: str, scope: str, filters: dict[str, Any]
     if binding != _binding(tenant_id, scope, filters):
         raise BadRequest("page_token was issued for a different query")
     return position
+
+
+def int_position(page_token: str | None, tenant_id: str, scope: str) -> int | None:
+    """Decode a page token whose position is an integer keyset (a seq, an event id).
+
+    Returns:
+        None for the first page.
+
+    Raises:
+        BadRequest: malformed, or issued for another tenant or scope.
+    """
+    if not page_token:
+        return None
+    position = decode_token(page_token, tenant_id, scope, {})
+    if not isinstance(position, int) or isinstance(position, bool):
+        raise BadRequest("page_token is malformed")
+    return position

@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import uuid
-from collections.abc import AsyncIterator
 from typing import Any
 
 from pydantic import BaseModel
@@ -18,10 +16,8 @@ from app.db.queries import runs as runs_q
 from app.db.tables import runs
 from app.engine import control
 from app.engine.registry import Registry
-from app.engine.submit import SubmitRequest, Submitter
 from app.sdk import WorkflowContext, workflow
-from app.worker.worker import Worker
-from tests.helpers import wait_for
+from tests.integration import support
 
 TENANT = "family"
 
@@ -59,34 +55,16 @@ async def parent_waits(ctx: WorkflowContext, x: N) -> None:
 REGISTRY = Registry([kid, kid_waits, fanout, parent_waits])
 
 
-@contextlib.asynccontextmanager
-async def two_workers(settings: Settings, db: Database) -> AsyncIterator[list[Worker]]:
-    workers = [Worker(settings, db, REGISTRY, concurrency=8) for _ in range(2)]
-    tasks = [asyncio.create_task(w.run()) for w in workers]
-    try:
-        yield workers
-    finally:
-        for w in workers:
-            w.stop()
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+def two_workers(settings: Settings, db: Database) -> Any:
+    return support.workers(settings, db, REGISTRY, count=2)
 
 
 async def submit(db: Database, settings: Settings, name: str, **inp: Any) -> Any:
-    async with db.write() as conn:
-        await REGISTRY.register(conn)
-    row, _ = await Submitter(db, settings).submit(
-        SubmitRequest(workflow=name, input=inp), tenant_id=TENANT, subject="s"
-    )
-    return row["run_id"]
+    return await support.submit(db, settings, REGISTRY, TENANT, name, **inp)
 
 
 async def reach(db: Database, run_id: Any, *statuses: str) -> Any:
-    async def probe() -> Any:
-        async with db.read() as conn:
-            row = await runs_q.get_run(conn, TENANT, run_id)
-        return row if row["status"] in statuses else None
-
-    return await wait_for(probe, timeout=60, what=f"run in {statuses}")
+    return await support.reach(db, TENANT, run_id, *statuses, timeout=60)
 
 
 async def test_fan_out_twenty_children_across_two_workers(settings: Settings, db: Database) -> None:

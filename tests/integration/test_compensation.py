@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -14,15 +11,12 @@ from sqlalchemy import select
 
 from app.core.settings import Settings
 from app.db.database import Database
-from app.db.queries import runs as runs_q
 from app.db.tables import dead_letters, steps
 from app.engine import control
 from app.engine.registry import Registry
-from app.engine.submit import SubmitRequest, Submitter
 from app.sdk import Permanent, WorkflowContext, workflow
-from app.worker.worker import Worker
 from tests.conftest import make_settings
-from tests.helpers import wait_for
+from tests.integration import support
 
 TENANT = "saga"
 undone: list[str] = []
@@ -72,33 +66,16 @@ def csettings(database_url: str, tmp_path: Path) -> Settings:
     return make_settings(database_url, tmp_path)
 
 
-@contextlib.asynccontextmanager
-async def worker(settings: Settings, db: Database) -> AsyncIterator[Worker]:
-    w = Worker(settings, db, REGISTRY, concurrency=4)
-    task = asyncio.create_task(w.run())
-    try:
-        yield w
-    finally:
-        w.stop()
-        await asyncio.wait_for(task, 30)
+def worker(settings: Settings, db: Database) -> Any:
+    return support.workers(settings, db, REGISTRY, concurrency=4)
 
 
 async def submit(db: Database, settings: Settings, name: str, **inp: Any) -> Any:
-    async with db.write() as conn:
-        await REGISTRY.register(conn)
-    row, _ = await Submitter(db, settings).submit(
-        SubmitRequest(workflow=name, input=inp), tenant_id=TENANT, subject="s"
-    )
-    return row["run_id"]
+    return await support.submit(db, settings, REGISTRY, TENANT, name, **inp)
 
 
 async def reach(db: Database, run_id: Any, *statuses: str) -> Any:
-    async def probe() -> Any:
-        async with db.read() as conn:
-            row = await runs_q.get_run(conn, TENANT, run_id)
-        return row if row["status"] in statuses else None
-
-    return await wait_for(probe, timeout=30, what=f"run in {statuses}")
+    return await support.reach(db, TENANT, run_id, *statuses)
 
 
 async def step_statuses(db: Database, run_id: Any) -> dict[str, str]:

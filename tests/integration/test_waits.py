@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import itertools
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +14,6 @@ from sqlalchemy import select
 from app.core.errors import Forbidden, InvalidState, RunFinished, StepNotFound
 from app.core.settings import Settings
 from app.db.database import Database
-from app.db.queries import runs as runs_q
 from app.db.tables import dead_letters, signals, steps
 from app.engine import control
 from app.engine.registry import Registry
@@ -25,6 +22,7 @@ from app.sdk import ApprovalDecision, WorkflowContext, workflow
 from app.worker.worker import Worker
 from tests.conftest import make_settings
 from tests.helpers import wait_for
+from tests.integration import support
 
 TENANT = "waits"
 _ids = itertools.count()
@@ -111,33 +109,16 @@ def wsettings(database_url: str, tmp_path: Path) -> Settings:
     return make_settings(database_url, tmp_path, inline_retry_max_seconds=0.0)
 
 
-@contextlib.asynccontextmanager
-async def worker(settings: Settings, db: Database) -> AsyncIterator[Worker]:
-    w = Worker(settings, db, REGISTRY, concurrency=4)
-    task = asyncio.create_task(w.run())
-    try:
-        yield w
-    finally:
-        w.stop()
-        await asyncio.wait_for(task, 30)
+def worker(settings: Settings, db: Database) -> Any:
+    return support.workers(settings, db, REGISTRY, concurrency=4)
 
 
 async def submit(db: Database, settings: Settings, name: str, **inp: Any) -> Any:
-    async with db.write() as conn:
-        await REGISTRY.register(conn)
-    row, _ = await Submitter(db, settings).submit(
-        SubmitRequest(workflow=name, input=inp), tenant_id=TENANT, subject="submitter"
-    )
-    return row["run_id"]
+    return await support.submit(db, settings, REGISTRY, TENANT, name, subject="submitter", **inp)
 
 
 async def status_is(db: Database, run_id: Any, *statuses: str) -> Any:
-    async def probe() -> Any:
-        async with db.read() as conn:
-            row = await runs_q.get_run(conn, TENANT, run_id)
-        return row if row["status"] in statuses else None
-
-    return await wait_for(probe, timeout=30, what=f"run {run_id} in {statuses}")
+    return await support.reach(db, TENANT, run_id, *statuses)
 
 
 async def test_timer_signals_approval_and_values(wsettings: Settings, db: Database) -> None:

@@ -157,3 +157,18 @@ def test_payload_checks_refuse_what_no_model_accepts() -> None:
         json.check_depth([[[[1]]]], "input", max_depth=3)
     json.check_depth([[[1]]], "input", max_depth=3)
     assert json.dumps_limited({"ok": "𝄞\u0000"}, 100, "input") == '{"ok":"\\ud834\\udd1e\\u0000"}'
+
+
+def test_integer_page_positions() -> None:
+    from app.api.pagination import int_position
+
+    assert int_position(None, "t1", "steps:x") is None
+    assert int_position(encode_token("t1", "steps:x", {}, 7), "t1", "steps:x") == 7
+    for bad in (
+        encode_token("t1", "steps:x", {}, "7"),
+        encode_token("t1", "steps:x", {}, True),
+        encode_token("t2", "steps:x", {}, 7),
+        encode_token("t1", "events:x", {}, 7),
+    ):
+        with pytest.raises(BadRequest):
+            int_position(bad, "t1", "steps:x")

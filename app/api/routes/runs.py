@@ -16,7 +16,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api import schemas
 from app.api.deps import DB, RunsCancel, RunsRead, RunsWrite, SettingsDep, SubmitterDep
-from app.api.pagination import decode_token, encode_token
+from app.api.pagination import decode_token, encode_token, int_position
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
 from app.api.views import dead_letter_view, event_view, render_report_text, run_view, step_view
 from app.auth.principal import Principal
@@ -257,12 +257,7 @@ async def list_run_steps(
     """The run's steps in call order, with attempts, timings and errors."""
     rid = parse_run_id(run_id)
     scope = f"steps:{rid}"
-    after = None
-    if page_token:
-        position = decode_token(page_token, principal.tenant_id, scope, {})
-        if not isinstance(position, int):
-            raise BadRequest("page_token is malformed")
-        after = position
+    after = int_position(page_token, principal.tenant_id, scope)
     async with db.read() as conn:
         await runs_q.get_run(conn, principal.tenant_id, rid)
         rows = await steps_q.list_steps(conn, rid, after_seq=after, limit=limit + 1)
@@ -288,12 +283,7 @@ async def list_run_events(
     """The run's append-only timeline, oldest first."""
     rid = parse_run_id(run_id)
     scope = f"events:{rid}"
-    after = None
-    if page_token:
-        position = decode_token(page_token, principal.tenant_id, scope, {})
-        if not isinstance(position, int):
-            raise BadRequest("page_token is malformed")
-        after = position
+    after = int_position(page_token, principal.tenant_id, scope)
     async with db.read() as conn:
         await runs_q.get_run(conn, principal.tenant_id, rid)
         rows = await events_q.list_events(conn, rid, after_id=after, limit=limit + 1)

@@ -1,0 +1,67 @@
+"""Helpers shared by the engine integration tests: in-process workers, submit, wait."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from sqlalchemy import RowMapping
+
+from app.core.settings import Settings
+from app.db.database import Database
+from app.db.queries import runs as runs_q
+from app.engine.registry import Registry
+from app.engine.submit import SubmitRequest, Submitter
+from app.worker.worker import Worker
+from tests.helpers import wait_for
+
+
+@contextlib.asynccontextmanager
+async def workers(
+    settings: Settings, db: Database, registry: Registry, *, count: int = 1, concurrency: int = 8
+) -> AsyncIterator[list[Worker]]:
+    """Run ``count`` in-process workers; drain and stop them on exit (30 s deadline)."""
+    started = [Worker(settings, db, registry, concurrency=concurrency) for _ in range(count)]
+    tasks = [asyncio.create_task(w.run()) for w in started]
+    try:
+        yield started
+    finally:
+        for w in started:
+            w.stop()
+        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+
+
+async def submit(
+    db: Database,
+    settings: Settings,
+    registry: Registry,
+    tenant_id: str,
+    workflow: str,
+    *,
+    subject: str = "s",
+    **inp: Any,
+) -> uuid.UUID:
+    """Register the registry's definitions, then submit one run; returns its id."""
+    async with db.write() as conn:
+        await registry.register(conn)
+    row, _ = await Submitter(db, settings).submit(
+        SubmitRequest(workflow=workflow, input=inp), tenant_id=tenant_id, subject=subject
+    )
+    run_id: uuid.UUID = row["run_id"]
+    return run_id
+
+
+async def reach(
+    db: Database, tenant_id: str, run_id: uuid.UUID, *statuses: str, timeout: float = 30
+) -> RowMapping:
+    """Poll until the run is in one of ``statuses``; returns the row."""
+
+    async def probe() -> RowMapping | None:
+        async with db.read() as conn:
+            row = await runs_q.get_run(conn, tenant_id, run_id)
+        return row if row["status"] in statuses else None
+
+    return await wait_for(probe, timeout=timeout, what=f"run {run_id} in {statuses}")
