@@ -175,7 +175,7 @@ def create_app(
     settings: Settings,
     *,
     db: Database | None = None,
-    on_submit: Callable[[], None] | None = None,
+    on_wake: Callable[[], None] | None = None,
     check_schema_on_start: bool = True,
 ) -> FastAPI:
     """Build the FastAPI application.
@@ -184,7 +184,8 @@ def create_app(
         settings: process settings.
         db: share a database with an in-process worker (``treadle dev``); default: own one,
             disposed at shutdown.
-        on_submit: called after each new run commits (in-process worker wake-up).
+        on_wake: called after a run becomes due through the API (new run, signal,
+            decision): the in-process worker wake-up of ``treadle dev``.
         check_schema_on_start: refuse to start unless the schema is at head.
 
     Raises:
@@ -217,7 +218,7 @@ def create_app(
     app.state.db = database
     app.state.submitter = Submitter(database, settings)
     app.state.authenticator = Authenticator(settings)
-    app.state.on_submit = on_submit
+    app.state.on_wake = on_wake
     problems.install(app)
     app.include_router(runs.router)
     app.include_router(run_actions.router)

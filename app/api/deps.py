@@ -68,6 +68,17 @@ def require(scope: Scope) -> Callable[..., Coroutine[Any, Any, Principal]]:
     return dependency
 
 
+def wake_workers(request: Request) -> None:
+    """Poke the in-process worker (``treadle dev``), if any, after work became due.
+
+    PostgreSQL deployments are woken by NOTIFY in the same transaction; SQLite has no
+    LISTEN/NOTIFY, so the dev server wires its worker's ``wake`` here.
+    """
+    on_wake = getattr(request.app.state, "on_wake", None)
+    if on_wake is not None:
+        on_wake()
+
+
 DB = Annotated[Database, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SubmitterDep = Annotated[Submitter, Depends(get_submitter)]

@@ -29,7 +29,7 @@ async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
     registry = Registry.from_modules(handler_modules)
     db = Database(settings)
     worker = Worker(settings, db, registry)
-    api = create_app(settings, db=db, on_submit=worker.wake)
+    api = create_app(settings, db=db, on_wake=worker.wake)
     config = uvicorn.Config(
         api,
         host=settings.host,

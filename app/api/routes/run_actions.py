@@ -7,7 +7,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, Request
 
 from app.api import schemas
-from app.api.deps import DB, ApprovalsWrite, RunsWrite, SettingsDep, SignalsWrite
+from app.api.deps import DB, ApprovalsWrite, RunsWrite, SettingsDep, SignalsWrite, wake_workers
 from app.api.problems import PROBLEM_RESPONSES
 from app.api.routes.runs import parse_run_id
 from app.api.views import dead_letter_view, run_view
@@ -20,13 +20,6 @@ _CONFLICT: dict[int | str, dict[str, Any]] = {
 }
 SignalName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
 StepPath = Annotated[str, Path(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.\-#:]+$")]
-
-
-def _wake(request: Request) -> None:
-    # An in-process worker (treadle dev) has no LISTEN/NOTIFY on SQLite: poke it directly.
-    on_submit = getattr(request.app.state, "on_submit", None)
-    if on_submit is not None:
-        on_submit()
 
 
 @router.post(
@@ -64,7 +57,7 @@ async def send_signal(
         payload=body.payload if body else None,
         actor=principal.subject,
     )
-    _wake(request)
+    wake_workers(request)
     return schemas.SignalAccepted(run_id=rid, name=name, signal_id=signal_id)
 
 
@@ -103,7 +96,7 @@ async def decide_approval(
         payload=body.payload,
         comment=body.comment,
     )
-    _wake(request)
+    wake_workers(request)
     return schemas.ApprovalDecisionResult(run_id=rid, **result)
 
 

@@ -15,7 +15,15 @@ from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api import schemas
-from app.api.deps import DB, RunsCancel, RunsRead, RunsWrite, SettingsDep, SubmitterDep
+from app.api.deps import (
+    DB,
+    RunsCancel,
+    RunsRead,
+    RunsWrite,
+    SettingsDep,
+    SubmitterDep,
+    wake_workers,
+)
 from app.api.pagination import decode_token, encode_token, int_position
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
 from app.api.views import dead_letter_view, event_view, render_report_text, run_view, step_view
@@ -108,9 +116,7 @@ async def submit_run(
     )
     if created:
         metrics.RUNS_SUBMITTED.labels(body.workflow).inc()
-        on_submit = getattr(request.app.state, "on_submit", None)
-        if on_submit is not None:
-            on_submit()
+        wake_workers(request)
     response.status_code = 201 if created else 200
     response.headers["Location"] = f"/runs/{row['run_id']}"
     return run_view(row)

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, case, func, null, select, tuple_, type_coerce, update
+from sqlalchemy import RowMapping, and_, case, func, null, select, tuple_, type_coerce, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -42,6 +42,12 @@ WAITING_STATUSES = (
     RunStatus.WAITING_APPROVAL,
     RunStatus.WAITING_CHILD,
 )
+
+
+def _held(run_id: uuid.UUID, fence: int) -> Any:
+    # The predicate of every write a lease holder makes: our fence, and a status under
+    # which a worker holds the lease. Zero rows matched means the lease is lost.
+    return and_(runs.c.run_id == run_id, runs.c.fence == fence, runs.c.status.in_(_LEASED))
 
 
 def _dialect(conn: AsyncConnection) -> str:
@@ -257,15 +263,7 @@ async def check_fence(conn: AsyncConnection, run_id: uuid.UUID, fence: int) -> N
             taken over).
     """
     dialect = _dialect(conn)
-    stmt = (
-        update(runs)
-        .where(
-            runs.c.run_id == run_id,
-            runs.c.fence == fence,
-            runs.c.status.in_(_LEASED),
-        )
-        .values(updated_at=now_expr(dialect))
-    )
+    stmt = update(runs).where(_held(run_id, fence)).values(updated_at=now_expr(dialect))
     result = await conn.execute(stmt)
     if result.rowcount != 1:
         raise LeaseLost(run_id)
@@ -290,11 +288,7 @@ async def finish_run(
     now = now_expr(dialect)
     stmt = (
         update(runs)
-        .where(
-            runs.c.run_id == run_id,
-            runs.c.fence == fence,
-            runs.c.status.in_(_LEASED),
-        )
+        .where(_held(run_id, fence))
         .values(
             status=status.value,
             reason=reason,
@@ -332,11 +326,7 @@ async def release_run(
     available = None if delay is None else now_plus(dialect, max(delay, 0.0))
     stmt = (
         update(runs)
-        .where(
-            runs.c.run_id == run_id,
-            runs.c.fence == fence,
-            runs.c.status.in_(_LEASED),
-        )
+        .where(_held(run_id, fence))
         .values(
             # A draining worker gives back a cancelling run as cancelling, not queued.
             status=case(
@@ -365,7 +355,7 @@ async def set_leased_status(
     """
     stmt = (
         update(runs)
-        .where(runs.c.run_id == run_id, runs.c.fence == fence, runs.c.status.in_(_LEASED))
+        .where(_held(run_id, fence))
         .values(status=status.value, updated_at=now_expr(_dialect(conn)))
     )
     if (await conn.execute(stmt)).rowcount != 1:
