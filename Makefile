@@ -1,6 +1,9 @@
 # One task runner for humans and CI. `make dev` runs the service; `make test` runs everything.
 .PHONY: dev test lint fmt openapi install
 
+# Every top-level examples/*.py as a dotted module, for the determinism checker.
+EXAMPLE_MODULES := $(filter-out examples.__init__,$(basename $(subst /,.,$(wildcard examples/*.py))))
+
 install:
 	scripts/bootstrap
 
@@ -17,6 +20,7 @@ lint:
 	uv run ruff format --check .
 	uv run mypy app examples tests benchmarks
 	uv run lint-imports
+	uv run treadle check $(EXAMPLE_MODULES)
 
 fmt:
 	uv run ruff format .

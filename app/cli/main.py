@@ -14,6 +14,7 @@ from urllib.parse import quote
 import httpx
 import typer
 
+from app.cli.check import check as check_command
 from app.core.settings import Settings, format_settings_error
 
 app = typer.Typer(help="Treadle: durable workflows as a service.", no_args_is_help=True)
@@ -21,6 +22,7 @@ runs_app = typer.Typer(help="Operate on runs through the HTTP API.", no_args_is_
 app.add_typer(runs_app, name="runs")
 dlq_app = typer.Typer(help="Dead letters: list and requeue.", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
+app.command("check")(check_command)
 
 EXAMPLE_HANDLERS = ["examples.orders", "examples.onboarding"]
 

@@ -96,6 +96,11 @@ class Worker:
         self._last_heartbeat_ok = time.monotonic()
         self.log = log.bind(worker_id=self.worker_id)
 
+    @property
+    def in_flight(self) -> int:
+        """Runs this worker is executing right now (the test kit's idle check reads it)."""
+        return len(self._active)
+
     def wake(self) -> None:
         """Ask the claim loop to look for work now (NOTIFY, a freed slot, in-process submit)."""
         self._wake.set()
