@@ -22,7 +22,7 @@ app.add_typer(runs_app, name="runs")
 dlq_app = typer.Typer(help="Dead letters: list and requeue.", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
 
-EXAMPLE_HANDLERS = ["examples.orders", "examples.onboarding"]
+EXAMPLE_HANDLERS = ["examples.orders", "examples.onboarding", "examples.order_total"]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
