@@ -46,18 +46,23 @@ def decode_token(token: str, tenant_id: str, scope: str, filters: dict[str, Any]
     return position
 
 
-def int_position(page_token: str | None, tenant_id: str, scope: str) -> int | None:
+def int_position(
+    page_token: str | None,
+    tenant_id: str,
+    scope: str,
+    filters: dict[str, Any] | None = None,
+) -> int | None:
     """Decode a page token whose position is an integer keyset (a seq, an event id).
 
     Returns:
         None for the first page.
 
     Raises:
-        BadRequest: malformed, or issued for another tenant or scope.
+        BadRequest: malformed, or issued for another tenant, scope or filters.
     """
     if not page_token:
         return None
-    position = decode_token(page_token, tenant_id, scope, {})
+    position = decode_token(page_token, tenant_id, scope, filters or {})
     if not isinstance(position, int) or isinstance(position, bool):
         raise BadRequest("page_token is malformed")
     return position

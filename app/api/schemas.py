@@ -119,6 +119,10 @@ class Step(BaseModel):
     kind: str
     name: str
     status: str
+    reason: str | None = Field(
+        description="How the step ended (succeeded, failure_…, canceled_by_request); "
+        "null while it has not."
+    )
     attempt: int
     max_attempts: int
     output: Any | None

@@ -8,6 +8,7 @@ from sqlalchemy import RowMapping
 
 from app.api import schemas
 from app.core import json
+from app.db.queries.steps import step_reason
 
 
 def run_view(
@@ -55,6 +56,7 @@ def step_view(row: RowMapping) -> schemas.Step:
         kind=row["kind"],
         name=row["name"],
         status=row["status"],
+        reason=step_reason(row["status"], row["error"]),
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],
         output=json.loads(row["output"]),

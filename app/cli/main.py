@@ -24,7 +24,7 @@ dlq_app = typer.Typer(help="Dead letters: list and requeue.", no_args_is_help=Tr
 app.add_typer(dlq_app, name="dlq")
 app.command("check")(check_command)
 
-EXAMPLE_HANDLERS = ["examples.orders", "examples.onboarding"]
+EXAMPLE_HANDLERS = ["examples.orders", "examples.onboarding", "examples.order_total"]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:

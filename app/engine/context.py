@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import random as _random
 import uuid
 from collections.abc import Callable, Coroutine
@@ -104,6 +105,37 @@ class ReplayContext(WorkflowContext):
                 fn=compensate,
                 retry=compensate_retry or RetryPolicy(max_attempts=1),
             ),
+        )
+
+    def _transaction(
+        self,
+        fn: Callable[..., Any],
+        args: tuple[Any, ...],
+        *,
+        name: str | None,
+        retry: RetryPolicy | None,
+        timeout: float | None,
+    ) -> Coroutine[Any, Any, Any]:
+        from app.engine.executor import step_name
+
+        if not inspect.iscoroutinefunction(fn):
+            raise TypeError(f"ctx.transaction needs an async def function, got {fn!r}")
+        if timeout is not None and timeout <= 0:
+            raise ValueError("transaction timeout must be > 0 seconds")
+        fn_name = step_name(fn)
+        try:
+            step_id, seq, entry = self._assign(name or fn_name, "transaction", fn_name)
+        except NondeterminismError as err:
+            return _raise(err)
+        return self._exec.run_step(
+            step_id=step_id,
+            seq=seq,
+            fn=fn,
+            args=args,
+            retry=retry or DEFAULT_RETRY,
+            timeout=timeout,
+            entry=entry,
+            kind="transaction",
         )
 
     def compensation_step(self, comp: Compensation, result: Any) -> Coroutine[Any, Any, Any]:

@@ -276,7 +276,7 @@ async def _reopen_failed_steps(conn: AsyncConnection, run_id: uuid.UUID) -> None
         update(steps)
         .where(
             steps.c.run_id == run_id,
-            steps.c.kind == "step",
+            steps.c.kind.in_(["step", "transaction"]),
             steps.c.status.in_(
                 [StepStatus.FAILED.value, StepStatus.TIMED_OUT.value, StepStatus.CANCELLED.value]
             ),

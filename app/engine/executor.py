@@ -35,6 +35,7 @@ from app.db.database import Database
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
+from app.engine import transactions
 from app.engine.submit import Submitter
 from app.sdk.context import StepInfo, WorkflowContext, _current_step
 from app.sdk.errors import NondeterminismError, Permanent, StepFailed
@@ -559,6 +560,22 @@ class RunExecution:
         kind: str,
         detail: str | None,
     ) -> Any:
+        if kind == "transaction":
+            # One transaction for the user's writes and the checkpoint: see transactions.py.
+            return await transactions.attempt(
+                self,
+                step_id=step_id,
+                seq=seq,
+                name=name,
+                fn=fn,
+                args=args,
+                retry=retry,
+                timeout=timeout,
+                attempt=attempt,
+                adapter=adapter,
+                detail=detail,
+            )
+
         async def start(conn: AsyncConnection) -> None:
             await steps_q.start_attempt(
                 conn,

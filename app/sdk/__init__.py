@@ -1,6 +1,7 @@
-"""What handler authors import: ``from app.sdk import workflow, RetryPolicy, Permanent``."""
+"""What handler authors import: ``from app.sdk import workflow, flow, join, RetryPolicy``."""
 
 from app.sdk.context import ApprovalDecision, StepInfo, WorkflowContext, current_step
+from app.sdk.dag import DagDefinitionError, Flow, flow, join
 from app.sdk.errors import (
     ApprovalRejected,
     NondeterminismError,
@@ -15,6 +16,8 @@ from app.sdk.workflow import WorkflowDefinition, workflow
 __all__ = [
     "ApprovalDecision",
     "ApprovalRejected",
+    "DagDefinitionError",
+    "Flow",
     "NonRetryable",
     "NondeterminismError",
     "Permanent",
@@ -25,5 +28,7 @@ __all__ = [
     "WorkflowContext",
     "WorkflowDefinition",
     "current_step",
+    "flow",
+    "join",
     "workflow",
 ]

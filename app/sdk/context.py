@@ -168,6 +168,65 @@ class WorkflowContext(abc.ABC):
     ) -> Awaitable[Any]:
         """Engine hook behind :meth:`step`."""
 
+    def transaction(
+        self,
+        fn: Callable[..., Awaitable[T]],
+        *args: Any,
+        name: str | None = None,
+        retry: RetryPolicy | None = None,
+        timeout: float | None = None,
+    ) -> Awaitable[T]:
+        """Run ``fn(tx, *args)`` as a step whose database writes commit exactly once.
+
+        ``tx`` is a SQLAlchemy :class:`~sqlalchemy.ext.asyncio.AsyncSession` bound to the
+        very transaction that then checkpoints the step: ``fn``'s writes, the fenced check
+        that this worker still holds the run (``UPDATE runs … WHERE fence = :fence``) and
+        the journal entry commit together or not at all. So a crash, a lost lease or a
+        cancel before the commit leaves no trace of ``fn``, and once it committed a replay
+        returns the journaled result without calling ``fn`` again (DESIGN §1a, after DBOS
+        transactions).
+
+        The business tables are the user's and live in Treadle's database (the one of
+        ``TREADLE_DATABASE_URL``). The session works inside a SAVEPOINT of the step's
+        transaction: ``await tx.commit()`` only releases the savepoint (the real commit is
+        the checkpoint's), ``await tx.rollback()`` undoes ``fn``'s writes so far. Do not
+        touch Treadle's own tables through it. On SQLite the transaction holds the
+        database's write lock while ``fn`` runs: keep it short and never await other
+        durable work inside it.
+
+        Args:
+            fn: ``async def fn(tx: AsyncSession, *args) -> T``.
+            *args: positional arguments after ``tx`` (not journaled; derive them from the
+                input and earlier results).
+            name: step name; default the function's ``__qualname__``.
+            retry: retry policy (default :data:`app.sdk.retry.DEFAULT_RETRY`). An
+                exception in ``fn`` rolls its writes back and counts as a failed attempt;
+                ``Permanent`` ends retries at once.
+            timeout: seconds per attempt (the transaction is rolled back when exceeded).
+
+        Returns:
+            An awaitable of ``fn``'s result, validated against its return annotation and
+            journaled like :meth:`step` results.
+
+        Raises:
+            StepFailed: the step gave up (``Permanent``, attempts exhausted, timed out).
+            TypeError: ``fn`` is not an ``async def`` function.
+            ValueError: ``timeout`` is not positive.
+        """
+        return self._transaction(fn, args, name=name, retry=retry, timeout=timeout)
+
+    @abc.abstractmethod
+    def _transaction(
+        self,
+        fn: Callable[..., Awaitable[Any]],
+        args: tuple[Any, ...],
+        *,
+        name: str | None,
+        retry: RetryPolicy | None,
+        timeout: float | None,
+    ) -> Awaitable[Any]:
+        """Engine hook behind :meth:`transaction`."""
+
     @abc.abstractmethod
     async def sleep(self, seconds: float) -> None:
         """Durable timer: wait ``seconds`` of *database* time (status ``waiting_timer``).

@@ -113,5 +113,16 @@ def _check_name(name: str) -> None:
 
 
 def definitions_in(module: ModuleType) -> list[WorkflowDefinition[Any, Any]]:
-    """Return every :class:`WorkflowDefinition` bound at the top level of ``module``."""
-    return [v for v in vars(module).values() if isinstance(v, WorkflowDefinition)]
+    """Return every workflow definition bound at the top level of ``module``.
+
+    That is every :class:`WorkflowDefinition`, plus the definition of each typed DAG whose
+    end node is bound there (see :func:`app.sdk.dag.dag_definitions`).
+
+    Raises:
+        DagDefinitionError: a DAG of the module has two end nodes.
+    """
+    from app.sdk.dag import dag_definitions  # dag builds on this module
+
+    values = list(vars(module).values())
+    found = [v for v in values if isinstance(v, WorkflowDefinition)]
+    return found + [d for d in dag_definitions(values) if d not in found]

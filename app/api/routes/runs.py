@@ -31,7 +31,7 @@ from app.auth.principal import Principal
 from app.core import metrics
 from app.core.errors import BadRequest, InvalidInput, RunNotFound
 from app.core.settings import Settings
-from app.core.status import RunStatus
+from app.core.status import RunReason, RunStatus, StepStatus
 from app.db.database import fetch_now
 from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
@@ -257,19 +257,43 @@ async def list_run_steps(
     run_id: str,
     principal: RunsRead,
     db: DB,
+    status: Annotated[StepStatus | None, Query(description="Only steps in this status.")] = None,
+    reason: Annotated[
+        RunReason | None,
+        Query(description="Only steps that ended this way (succeeded, failure_…, …)."),
+    ] = None,
     page_token: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 100,
 ) -> schemas.StepPage:
-    """The run's steps in call order, with attempts, timings and errors."""
+    """The run's steps in call order, with attempts, timings, errors and reasons.
+
+    A typed DAG's run lists one step per node (named after the node). ``status`` and
+    ``reason`` filter; a step's ``reason`` is how it ended (``succeeded``, the
+    ``failure_…`` reason of a failed or timed-out step, ``canceled_by_request``), null
+    while it has not. Pagination is keyset-based on call order, so pages are stable while
+    the run adds steps; ``page_token`` is opaque and only valid with the same filters.
+    """
     rid = parse_run_id(run_id)
     scope = f"steps:{rid}"
-    after = int_position(page_token, principal.tenant_id, scope)
+    filters = {
+        "status": status.value if status else None,
+        "reason": reason.value if reason else None,
+    }
+    after = int_position(page_token, principal.tenant_id, scope, filters)
     async with db.read() as conn:
         await runs_q.get_run(conn, principal.tenant_id, rid)
-        rows = await steps_q.list_steps(conn, rid, after_seq=after, limit=limit + 1)
+        rows = await steps_q.list_steps(
+            conn,
+            principal.tenant_id,
+            rid,
+            after_seq=after,
+            limit=limit + 1,
+            status=status,
+            reason=reason,
+        )
     token = None
     if len(rows) > limit:
-        token = encode_token(principal.tenant_id, scope, {}, int(rows[limit - 1]["seq"]))
+        token = encode_token(principal.tenant_id, scope, filters, int(rows[limit - 1]["seq"]))
     return schemas.StepPage(items=[step_view(r) for r in rows[:limit]], next_page_token=token)
 
 
@@ -331,7 +355,9 @@ async def get_run_report(
         row = await runs_q.get_run(conn, principal.tenant_id, rid)
         counts = await steps_q.count_by_status(conn, rid)
         blocked = await _blocked(conn, row, settings)
-        step_rows = await steps_q.list_steps(conn, rid, after_seq=None, limit=10_000)
+        step_rows = await steps_q.list_steps(
+            conn, principal.tenant_id, rid, after_seq=None, limit=10_000
+        )
         event_rows = await events_q.list_events(conn, rid, after_id=None, limit=events_limit + 1)
         dl_rows = await dl_q.list_for_run(conn, rid)
         now = await fetch_now(conn, db.dialect)

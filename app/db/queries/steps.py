@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, insert, select, update
+from sqlalchemy import JSON, RowMapping, case, cast, func, insert, literal, null, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
-from app.core.status import StepStatus
+from app.core.status import RunReason, StepStatus
 from app.db.dialect import now_expr, now_plus
 from app.db.tables import steps
 
@@ -130,11 +130,82 @@ async def cancel_running(conn: AsyncConnection, run_id: uuid.UUID) -> None:
     )
 
 
+# A step's reason, in the run-reason vocabulary: how the step itself ended. Derived from
+# its status (and, for failures, the ``reason`` its error records) rather than stored, so
+# it can never disagree with the status whichever code path set it.
+_SUCCEEDED_STATUSES = (
+    StepStatus.SUCCEEDED,
+    StepStatus.COMPENSATING,
+    StepStatus.COMPENSATED,
+    StepStatus.COMPENSATION_FAILED,
+)
+_DEFAULT_FAILURE = {
+    StepStatus.FAILED: RunReason.FAILURE_NON_RETRYABLE,
+    StepStatus.TIMED_OUT: RunReason.FAILURE_TIMED_OUT,
+}
+
+
+def step_reason(status: str, error: str | None) -> str | None:
+    """How a step ended (``succeeded``, ``failure_…``, ``canceled_by_request``), or None.
+
+    Compensated steps keep ``succeeded`` (the step itself succeeded; its status tells the
+    undo). Unfinished steps (pending, running, retry_wait, waiting) have no reason.
+    """
+    st = StepStatus(status)
+    if st in _SUCCEEDED_STATUSES:
+        return RunReason.SUCCEEDED.value
+    if st == StepStatus.CANCELLED:
+        return RunReason.CANCELED_BY_REQUEST.value
+    default = _DEFAULT_FAILURE.get(st)
+    if default is None:
+        return None
+    recorded = (json.loads(error) or {}).get("reason") if error else None
+    return str(recorded) if recorded else default.value
+
+
+def _reason_expr(dialect: str) -> Any:
+    """SQL twin of :func:`step_reason` (JSON text read with the dialect's JSON function)."""
+    if dialect == "postgresql":
+        recorded: Any = func.json_extract_path_text(cast(steps.c.error, JSON), "reason")
+    else:
+        recorded = func.json_extract(steps.c.error, "$.reason")
+    return case(
+        (
+            steps.c.status.in_([s.value for s in _SUCCEEDED_STATUSES]),
+            literal(RunReason.SUCCEEDED.value),
+        ),
+        (
+            steps.c.status == StepStatus.CANCELLED.value,
+            literal(RunReason.CANCELED_BY_REQUEST.value),
+        ),
+        *(
+            (steps.c.status == st.value, func.coalesce(recorded, literal(default.value)))
+            for st, default in _DEFAULT_FAILURE.items()
+        ),
+        else_=null(),
+    )
+
+
 async def list_steps(
-    conn: AsyncConnection, run_id: uuid.UUID, *, after_seq: int | None, limit: int
+    conn: AsyncConnection,
+    tenant_id: str,
+    run_id: uuid.UUID,
+    *,
+    after_seq: int | None,
+    limit: int,
+    status: StepStatus | None = None,
+    reason: RunReason | None = None,
 ) -> Sequence[RowMapping]:
-    """A page of a run's steps in call order (keyset on ``seq``)."""
-    stmt = select(steps).where(steps.c.run_id == run_id)
+    """A page of a tenant's run's steps in call order (keyset on ``seq``).
+
+    ``status`` and ``reason`` filter (see :func:`step_reason`); the keyset stays ``seq``,
+    so pages are stable while the run adds steps (new steps get higher ``seq``).
+    """
+    stmt = select(steps).where(steps.c.run_id == run_id, steps.c.tenant_id == tenant_id)
+    if status is not None:
+        stmt = stmt.where(steps.c.status == status.value)
+    if reason is not None:
+        stmt = stmt.where(_reason_expr(conn.dialect.name) == reason.value)
     if after_seq is not None:
         stmt = stmt.where(steps.c.seq > after_seq)
     return (await conn.execute(stmt.order_by(steps.c.seq).limit(limit))).mappings().all()

@@ -1,0 +1,209 @@
+"""Transactional steps: the step's database writes commit with its checkpoint, once.
+
+One attempt is ONE write transaction (after DBOS transactions): the user function runs on
+an :class:`AsyncSession` bound to it, then the fenced ``UPDATE runs … WHERE fence =
+:fence`` (:func:`app.db.queries.runs.check_fence`), the journal entry and the step's events
+are written, then everything commits. A fence that moved (cancel, lease taken over) makes
+that UPDATE match zero rows: ``LeaseLost`` rolls the user's writes back with the rest.
+
+Why the fence is checked *after* the user function rather than before it: on PostgreSQL
+the check locks the run row, and holding that lock while user code runs would block
+cancels and every heartbeat of the worker; checked last, the lock is held for the commit
+only, and a fence moved while the function ran is still caught. On SQLite the transaction
+holds the database write lock from ``BEGIN IMMEDIATE``, so the fence cannot move during
+it at all.
+
+Why no separate "attempt started" write on success: a crash inside the transaction rolls
+the attempt back, so it leaves nothing to account for; one commit per transactional step.
+A failed attempt is recorded (started + failed) after the rollback, in its own fenced
+transaction, so the retry policy counts it like any step's.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from pydantic import TypeAdapter
+from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
+
+from app.core import json
+from app.core.errors import InvalidInput, PayloadTooLarge
+from app.core.status import EventKind, RunReason, StepStatus
+from app.db.queries import events as events_q
+from app.db.queries import runs as runs_q
+from app.db.queries import steps as steps_q
+from app.sdk.context import StepInfo, _current_step
+from app.sdk.errors import Permanent
+from app.sdk.retry import RetryPolicy
+
+if TYPE_CHECKING:
+    from app.engine.executor import RunExecution
+
+
+class _BadOutput(Exception):
+    """The function's result does not match its return annotation or is too large."""
+
+    def __init__(self, cause: Exception) -> None:
+        super().__init__(str(cause))
+        self.cause = cause
+
+
+def session_for(conn: AsyncConnection) -> AsyncSession:
+    """An ``AsyncSession`` working inside a SAVEPOINT of ``conn``'s open transaction.
+
+    ``create_savepoint``: the session's ``commit()`` releases its savepoint and its
+    ``rollback()`` undoes only the function's own writes; neither can end the step's
+    transaction, whose commit is the checkpoint's.
+    """
+    return AsyncSession(bind=conn, join_transaction_mode="create_savepoint", expire_on_commit=False)
+
+
+async def attempt(
+    ex: RunExecution,
+    *,
+    step_id: str,
+    seq: int,
+    name: str,
+    fn: Callable[..., Any],
+    args: tuple[Any, ...],
+    retry: RetryPolicy,
+    timeout: float | None,
+    attempt: int,
+    adapter: TypeAdapter[Any],
+    detail: str | None,
+) -> Any:
+    """Run one attempt of a transactional step (see ``WorkflowContext.transaction``).
+
+    Returns:
+        The validated result (as a replay would return it), or the executor's retry marker
+        after a failed attempt that will be retried.
+
+    Raises:
+        LeaseLost: the fence moved; the function's writes were rolled back.
+        StepFailed: the step gave up (``Permanent``, attempts exhausted, timed out, or a
+            result that does not match the return annotation).
+    """
+    info = StepInfo(
+        run_id=ex.run_id,
+        step_id=step_id,
+        attempt=attempt,
+        idempotency_key=f"{ex.run_id}:{step_id}",
+        workflow=ex.definition.name,
+    )
+    token = _current_step.set(info)
+    try:
+        async with ex.db.write() as conn:
+            session = session_for(conn)
+            try:
+                call = fn(session, *args)
+                value = await asyncio.wait_for(call, timeout) if timeout else await call
+                # Flush and release the savepoint; the outer transaction stays open.
+                await session.commit()
+            finally:
+                await session.close()
+            try:
+                payload = adapter.dump_python(adapter.validate_python(value), mode="json")
+                text = json.dumps_limited(payload, ex.settings.max_payload_bytes, "step output")
+            except (PayloadTooLarge, InvalidInput, ValueError, TypeError) as exc:
+                raise _BadOutput(exc) from exc
+            # The fenced write: zero rows raises LeaseLost, which rolls back fn's writes.
+            await runs_q.check_fence(conn, ex.run_id, ex.fence)
+            await _record_start(ex, conn, step_id, seq, name, retry, attempt, detail)
+            await steps_q.finish_attempt(
+                conn,
+                run_id=ex.run_id,
+                step_id=step_id,
+                status=StepStatus.SUCCEEDED,
+                output=text,
+                error=None,
+                fence=ex.fence,
+            )
+            await events_q.append(
+                conn,
+                run_id=ex.run_id,
+                tenant_id=ex.tenant_id,
+                kind=EventKind.STEP_SUCCEEDED,
+                step_id=step_id,
+                data={"attempt": attempt},
+            )
+    except _BadOutput as exc:
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail)
+        await ex._finish_step_failed(
+            step_id,
+            StepStatus.FAILED,
+            RunReason.FAILURE_NON_RETRYABLE,
+            _error_info(exc.cause),
+            attempt,
+        )
+    except Permanent as exc:
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail)
+        await ex._finish_step_failed(
+            step_id, StepStatus.FAILED, RunReason.FAILURE_NON_RETRYABLE, _error_info(exc), attempt
+        )
+    except TimeoutError as exc:
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail)
+        return await ex._after_error(step_id, retry, attempt, exc, timed_out=timeout)
+    except Exception as exc:  # noqa: BLE001 - any other error is retryable by contract
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail)
+        return await ex._after_error(step_id, retry, attempt, exc, timed_out=None)
+    finally:
+        _current_step.reset(token)
+    return adapter.validate_python(json.loads(text))
+
+
+def _error_info(exc: BaseException) -> dict[str, Any]:
+    from app.engine.executor import error_info
+
+    return error_info(exc)
+
+
+async def _record_start(
+    ex: RunExecution,
+    conn: AsyncConnection,
+    step_id: str,
+    seq: int,
+    name: str,
+    retry: RetryPolicy,
+    attempt: int,
+    detail: str | None,
+) -> None:
+    await steps_q.start_attempt(
+        conn,
+        run_id=ex.run_id,
+        tenant_id=ex.tenant_id,
+        step_id=step_id,
+        seq=seq,
+        detail=detail,
+        kind="transaction",
+        name=name,
+        attempt=attempt,
+        max_attempts=retry.max_attempts,
+        fence=ex.fence,
+    )
+    await events_q.append(
+        conn,
+        run_id=ex.run_id,
+        tenant_id=ex.tenant_id,
+        kind=EventKind.STEP_STARTED,
+        step_id=step_id,
+        data={"attempt": attempt, "worker_id": ex.worker_id},
+    )
+
+
+async def _start_failed_attempt(
+    ex: RunExecution,
+    step_id: str,
+    seq: int,
+    name: str,
+    retry: RetryPolicy,
+    attempt: int,
+    detail: str | None,
+) -> None:
+    # The attempt's transaction was rolled back; journal that it happened, so the failure
+    # written next (by the executor) counts against the retry budget.
+    async def start(conn: AsyncConnection) -> None:
+        await _record_start(ex, conn, step_id, seq, name, retry, attempt, detail)
+
+    await ex.write(start)
