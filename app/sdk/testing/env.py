@@ -627,7 +627,9 @@ class WorkflowTestEnv:
         """The run's journal in call order (compensations last)."""
         run_id = (await self.get(run)).run_id  # tenant check
         async with self.database.read() as conn:
-            rows = await steps_q.list_steps(conn, run_id, after_seq=None, limit=1_000_000)
+            rows = await steps_q.list_steps(
+                conn, self.tenant_id, run_id, after_seq=None, limit=1_000_000
+            )
         return [
             StepSnapshot(
                 step_id=r["step_id"],
