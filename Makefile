@@ -1,5 +1,5 @@
 # One task runner for humans and CI. `make dev` runs the service; `make test` runs everything.
-.PHONY: dev test lint fmt openapi install
+.PHONY: dev test lint fmt openapi install bench bench-quick
 
 # Every top-level examples/*.py as a dotted module, for the determinism checker.
 EXAMPLE_MODULES := $(filter-out examples.__init__,$(basename $(subst /,.,$(wildcard examples/*.py))))
@@ -28,3 +28,15 @@ fmt:
 
 openapi:
 	uv run python -m app.api.openapi > openapi/openapi.json
+
+# Benchmarks against the local PostgreSQL (docs/benchmarks.md). Installs the peer (DBOS, in
+# its own venv) and, when root on Debian, wrk; falls back to an httpx load generator.
+bench: install
+	scripts/ensure-postgres
+	@command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq --no-install-recommends wrk) >/dev/null 2>&1 \
+		|| echo "wrk not installed: the HTTP benchmark uses its httpx load generator"
+	uv run python -m benchmarks.bench $(BENCH_ARGS)
+
+bench-quick:
+	$(MAKE) --no-print-directory bench BENCH_ARGS=--quick

@@ -7,11 +7,10 @@ Usage::
 
 For each worker count it creates a fresh database, migrates it, registers the benchmark
 workflow, inserts the runs through the engine's submit path, starts the worker processes
-and measures the time until every run is completed (polled from the database). Prints a
-table and writes JSON to ``benchmarks/results/throughput-<timestamp>.json``.
-
-The side-by-side comparison with DBOS and the pgbench checkpoint limit is not part of this
-script yet (see the performance issue); this measures Treadle alone.
+and measures the time from the first claim to the last finish (database clock), so worker
+start-up is not counted. Prints a table and writes JSON to
+``benchmarks/results/throughput-<timestamp>.json``. ``make bench`` (``benchmarks.bench``)
+runs this beside DBOS and pgbench.
 """
 
 from __future__ import annotations
@@ -20,14 +19,10 @@ import argparse
 import asyncio
 import json
 import os
-import subprocess
-import sys
 import time
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
-import asyncpg
 from sqlalchemy import func, select
 
 from app.core.settings import Settings
@@ -36,22 +31,31 @@ from app.db.migrations import upgrade_to_head
 from app.db.tables import runs
 from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
+from benchmarks.common import (
+    DEV_SECRET,
+    RESULTS,
+    asyncpg_url,
+    cpu_seconds,
+    fresh_database,
+    start_workers,
+    stop,
+)
 from benchmarks.workloads import bench_steps
 
-ROOT = Path(__file__).resolve().parent.parent
-SERVER = os.environ.get("TREADLE_BENCH_PG", "postgres@127.0.0.1:5432")
+# How often idle workers poll; LISTEN/NOTIFY wakes them on submit anyway.
+POLL_SECONDS = "0.05"
+# Connections per worker process: the DBOS side gets the same (``sys_db_pool_size``), and
+# more than the 16 runs a worker executes at once, so no run waits for a connection.
+POOL_SIZE = "20"
 
 
-async def _admin(sql: str) -> None:
-    conn = await asyncpg.connect(f"postgresql://{SERVER}/postgres")
-    try:
-        await conn.execute(sql)
-    finally:
-        await conn.close()
+def _settings(url: str) -> Settings:
+    return Settings(database_url=asyncpg_url(url), dev_secret=DEV_SECRET)
 
 
-async def _prepare(url: str, n_runs: int, n_steps: int) -> None:
-    settings = Settings(database_url=url, dev_secret="b" * 32)
+async def prepare(url: str, n_runs: int, n_steps: int) -> None:
+    """Register the benchmark workflow and submit ``n_runs`` runs through the engine."""
+    settings = _settings(url)
     db = Database(settings)
     try:
         async with db.write() as conn:
@@ -59,7 +63,7 @@ async def _prepare(url: str, n_runs: int, n_steps: int) -> None:
         submitter = Submitter(db, settings)
         sem = asyncio.Semaphore(16)
 
-        async def one(i: int) -> None:
+        async def one() -> None:
             async with sem:
                 await submitter.submit(
                     SubmitRequest(workflow="bench-steps", input={"steps": n_steps}),
@@ -67,22 +71,23 @@ async def _prepare(url: str, n_runs: int, n_steps: int) -> None:
                     subject="bench",
                 )
 
-        await asyncio.gather(*(one(i) for i in range(n_runs)))
+        await asyncio.gather(*(one() for _ in range(n_runs)))
     finally:
         await db.dispose()
 
 
-async def _span(url: str) -> float:
-    """Seconds from the first claim to the last finish, on the database clock.
+# Only runs submitted by :func:`prepare` count (the scale benchmark adds others).
+_OURS = runs.c.created_by == "bench"
 
-    Worker process start-up is not counted.
-    """
-    db = Database(Settings(database_url=url, dev_secret="b" * 32))
+
+async def _span(url: str) -> float:
+    """Seconds from the first claim to the last finish, on the database clock."""
+    db = Database(_settings(url))
     try:
         async with db.read() as conn:
             first, last = (
                 await conn.execute(
-                    select(func.min(runs.c.started_at), func.max(runs.c.finished_at))
+                    select(func.min(runs.c.started_at), func.max(runs.c.finished_at)).where(_OURS)
                 )
             ).one()
         return float((last - first).total_seconds())
@@ -90,74 +95,94 @@ async def _span(url: str) -> float:
         await db.dispose()
 
 
-async def _completed(url: str) -> int:
-    db = Database(Settings(database_url=url, dev_secret="b" * 32))
+async def _left(url: str) -> int:
+    """How many of our runs are not completed yet."""
+    db = Database(_settings(url))
     try:
         async with db.read() as conn:
-            stmt = select(func.count()).select_from(runs).where(runs.c.status == "completed")
+            stmt = select(func.count()).select_from(runs).where(_OURS, runs.c.status != "completed")
             return int((await conn.execute(stmt)).scalar_one())
     finally:
         await db.dispose()
 
 
-def measure(n_runs: int, n_steps: int, n_workers: int, concurrency: int) -> dict[str, Any]:
-    """One measurement on a fresh database; returns the figures."""
-    name = f"treadle_bench_{os.getpid()}"
-    url = f"postgresql+asyncpg://{SERVER}/{name}"
-    asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-    asyncio.run(_admin(f'CREATE DATABASE "{name}"'))
+async def _started(url: str) -> bool:
+    db = Database(_settings(url))
     try:
-        upgrade_to_head(url)
-        asyncio.run(_prepare(url, n_runs, n_steps))
-        env = {
-            **os.environ,
-            "TREADLE_DATABASE_URL": url,
-            "TREADLE_DEV_SECRET": "b" * 32,
-            "TREADLE_LOG_LEVEL": "WARNING",
-            "TREADLE_POLL_INTERVAL_SECONDS": "0.05",
-        }
-        start = time.perf_counter()
-        procs = [
-            subprocess.Popen(
-                [
-                    sys.executable,
-                    "-m",
-                    "app.cli.main",
-                    "worker",
-                    "--handlers",
-                    "benchmarks.workloads",
-                    "--concurrency",
-                    str(concurrency),
-                ],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
+        async with db.read() as conn:
+            stmt = (
+                select(func.count()).select_from(runs).where(_OURS, runs.c.started_at.isnot(None))
             )
-            for _ in range(n_workers)
-        ]
-        try:
-            while asyncio.run(_completed(url)) < n_runs:
-                if time.perf_counter() - start > 1800:
-                    raise SystemExit("benchmark did not finish within 30 minutes")
-                time.sleep(0.2)
-            elapsed = asyncio.run(_span(url))
-        finally:
-            for p in procs:
-                p.terminate()
-            for p in procs:
-                p.wait(timeout=60)
+            return bool((await conn.execute(stmt)).scalar_one())
     finally:
-        asyncio.run(_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        await db.dispose()
+
+
+def figures(
+    n_runs: int, n_steps: int, n_workers: int, concurrency: int, seconds: float
+) -> dict[str, Any]:
+    """The result record of one throughput measurement."""
     return {
         "runs": n_runs,
         "steps_per_run": n_steps,
         "workers": n_workers,
         "concurrency": concurrency,
-        "seconds": round(elapsed, 3),
-        "runs_per_second": round(n_runs / elapsed, 1),
-        "steps_per_second": round(n_runs * n_steps / elapsed, 1),
+        "seconds": round(seconds, 3),
+        "runs_per_second": round(n_runs / seconds, 1),
+        "steps_per_second": round(n_runs * n_steps / seconds, 1),
     }
+
+
+def measure_on(
+    url: str, n_runs: int, n_steps: int, n_workers: int, concurrency: int, already: int = 0
+) -> dict[str, Any]:
+    """Submit ``n_runs`` into an existing migrated database and drain them.
+
+    ``already``: runs of ``n_steps`` steps submitted earlier by :func:`prepare` and not
+    yet finished; they are drained too and counted in the figures.
+
+    Raises:
+        TimeoutError: the runs did not all complete within 30 minutes.
+    """
+    asyncio.run(prepare(url, n_runs, n_steps))
+    start = time.monotonic()
+    procs = start_workers(
+        url,
+        n_workers,
+        concurrency,
+        TREADLE_POLL_INTERVAL_SECONDS=POLL_SECONDS,
+        TREADLE_DB_POOL_SIZE=POOL_SIZE,
+    )
+    total = n_runs + already
+    cpu_at_start: float | None = None
+    try:
+        while asyncio.run(_left(url)) > 0:
+            if time.monotonic() - start > 1800:
+                raise TimeoutError("benchmark did not finish within 30 minutes")
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError("a worker process exited early")
+            if cpu_at_start is None and asyncio.run(_started(url)):
+                cpu_at_start = cpu_seconds(procs)  # start-up (imports) excluded
+            time.sleep(0.05 if cpu_at_start is None else 0.2)
+        cpu = cpu_seconds(procs) - (cpu_at_start or 0.0)
+        elapsed = asyncio.run(_span(url))
+    finally:
+        stop(procs)
+    return {
+        **figures(total, n_steps, n_workers, concurrency, elapsed),
+        "worker_cpu_ms_per_step": round(cpu * 1000 / (total * n_steps), 2),
+    }
+
+
+def measure(n_runs: int, n_steps: int, n_workers: int, concurrency: int) -> dict[str, Any]:
+    """One measurement on a fresh database; returns the figures.
+
+    Raises:
+        TimeoutError: the runs did not all complete within 30 minutes.
+    """
+    with fresh_database("tput") as url:
+        upgrade_to_head(asyncpg_url(url))
+        return {**measure_on(url, n_runs, n_steps, n_workers, concurrency), "engine": "treadle"}
 
 
 def main() -> None:
@@ -178,9 +203,9 @@ def main() -> None:
             f"{r['runs_per_second']:>8} {r['steps_per_second']:>8}"
         )
     stamp = datetime.now(UTC).strftime("%Y%m%dT%H%M%SZ")
-    out = ROOT / "benchmarks" / "results" / f"throughput-{stamp}.json"
+    out = RESULTS / f"throughput-{stamp}.json"
     out.write_text(json.dumps({"machine": os.uname().nodename, "results": results}, indent=2))
-    print(f"wrote {out.relative_to(ROOT)}")
+    print(f"wrote {out.relative_to(RESULTS.parent.parent)}")
 
 
 if __name__ == "__main__":

@@ -29,3 +29,25 @@ async def bench_steps(ctx: WorkflowContext, job: Steps) -> int:
     for i in range(job.steps):
         total += await ctx.step(noop, i)
     return total
+
+
+@workflow("bench-timer")
+async def bench_timer(ctx: WorkflowContext, job: Steps) -> int:
+    """Sleep one second on a durable timer, then run one no-op step."""
+    await ctx.sleep(1.0)
+    return await ctx.step(noop, job.steps)
+
+
+@workflow("bench-signal")
+async def bench_signal(ctx: WorkflowContext, job: Steps) -> int:
+    """Wait for the signal ``go``, then run one no-op step."""
+    await ctx.signal("go")
+    return await ctx.step(noop, job.steps)
+
+
+@workflow("bench-wait")
+async def bench_wait(ctx: WorkflowContext, job: Steps) -> int:
+    """Run one step, then wait an hour on a durable timer (memory benchmark)."""
+    first = await ctx.step(noop, job.steps)
+    await ctx.sleep(3600)
+    return first

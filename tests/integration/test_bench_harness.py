@@ -1,0 +1,42 @@
+"""A bounded smoke test of the benchmark harness (``make bench``), so it cannot rot.
+
+Runs the real pieces with tiny sizes: the pgbench scripts against the current schema (a
+migration that breaks our checkpoint SQL breaks this test) and a Treadle drain by a real
+worker process. The figures themselves are not judged here: docs/benchmarks.md is.
+"""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+
+from benchmarks import pglimit, throughput
+from benchmarks.common import percentile
+from benchmarks.profiling import summarize
+
+pytestmark = pytest.mark.timeout(90)
+
+
+@pytest.mark.skipif(shutil.which("pgbench") is None, reason="pgbench not installed")
+def test_pgbench_scripts_write_what_the_executor_writes() -> None:
+    results = pglimit.measure([2], 1)
+    assert {r["script"] for r in results} == {"executor_step", "checkpoint"}
+    assert all(r["steps_per_second"] > 0 for r in results)
+
+
+def test_throughput_drains_every_run_with_a_real_worker() -> None:
+    r = throughput.measure(n_runs=6, n_steps=2, n_workers=1, concurrency=4)
+    assert r["runs"] == 6
+    assert r["steps_per_second"] > 0
+    assert r["worker_cpu_ms_per_step"] > 0
+
+
+def test_percentile_and_profile_summary() -> None:
+    assert percentile([], 0.99) == 0.0
+    assert percentile([5.0], 0.5) == 5.0
+    assert percentile([float(i) for i in range(1, 101)], 0.99) == pytest.approx(99.0, abs=0.1)
+    raw = "main (app/cli/main.py:1);step (app/engine/executor.py:9) 3\nmain (app/cli/main.py:2) 1\n"
+    text = summarize(raw)
+    assert text.startswith("4 samples")
+    assert "75.0%  step (app/engine/executor.py)" in text
