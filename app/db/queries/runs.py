@@ -2,12 +2,24 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, and_, case, func, null, select, tuple_, type_coerce, update
+from sqlalchemy import (
+    RowMapping,
+    and_,
+    bindparam,
+    case,
+    func,
+    null,
+    select,
+    tuple_,
+    type_coerce,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -262,11 +274,23 @@ async def check_fence(conn: AsyncConnection, run_id: uuid.UUID, fence: int) -> N
         LeaseLost: the fence moved (claimed elsewhere, cancelled, or lease expired and
             taken over).
     """
-    dialect = _dialect(conn)
-    stmt = update(runs).where(_held(run_id, fence)).values(updated_at=now_expr(dialect))
-    result = await conn.execute(stmt)
+    result = await conn.execute(
+        _check_fence_stmt(_dialect(conn)), {"b_run_id": run_id, "b_fence": fence}
+    )
     if result.rowcount != 1:
         raise LeaseLost(run_id)
+
+
+@functools.cache
+def _check_fence_stmt(dialect: str) -> Any:
+    # Once per checkpoint: built once per dialect, since constructing the statement cost
+    # more worker CPU than executing it.
+    held = and_(
+        runs.c.run_id == bindparam("b_run_id"),
+        runs.c.fence == bindparam("b_fence"),
+        runs.c.status.in_(_LEASED),
+    )
+    return update(runs).where(held).values(updated_at=now_expr(dialect))
 
 
 async def finish_run(

@@ -2,12 +2,25 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import JSON, RowMapping, case, cast, func, insert, literal, null, select, update
+from sqlalchemy import (
+    JSON,
+    RowMapping,
+    bindparam,
+    case,
+    cast,
+    func,
+    insert,
+    literal,
+    null,
+    select,
+    update,
+)
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -43,38 +56,44 @@ async def start_attempt(
 
     Call after :func:`app.db.queries.runs.check_fence` in the same transaction.
     """
-    dialect = conn.dialect.name
-    now = now_expr(dialect)
-    values: dict[str, Any] = {
-        "run_id": run_id,
-        "tenant_id": tenant_id,
-        "step_id": step_id,
-        "seq": seq,
-        "kind": kind,
-        "name": name,
-        "status": StepStatus.RUNNING.value,
-        "attempt": attempt,
-        "max_attempts": max_attempts,
-        "created_at": now,
-        "started_at": now,
-        "fence": fence,
-        "next_attempt_at": None,
-        "detail": detail,
-    }
-    ins: Any = (postgresql if dialect == "postgresql" else sqlite).insert(steps).values(values)
-    stmt = ins.on_conflict_do_update(
-        index_elements=["run_id", "step_id"],
-        set_={
+    await conn.execute(
+        _start_attempt_stmt(conn.dialect.name),
+        {
+            "run_id": run_id,
+            "tenant_id": tenant_id,
+            "step_id": step_id,
+            "seq": seq,
+            "kind": kind,
+            "name": name,
             "status": StepStatus.RUNNING.value,
             "attempt": attempt,
-            "started_at": now,
+            "max_attempts": max_attempts,
             "fence": fence,
             "next_attempt_at": None,
-            "error": ins.excluded.error,
+            "detail": detail,
+        },
+    )
+
+
+@functools.cache
+def _start_attempt_stmt(dialect: str) -> Any:
+    # Built once per dialect: constructing the upsert (its ``excluded`` alias above all)
+    # cost more worker CPU than executing it. Values arrive as execute() parameters.
+    now = now_expr(dialect)
+    ins: Any = (postgresql if dialect == "postgresql" else sqlite).insert(steps)
+    ins = ins.values(created_at=now, started_at=now)
+    return ins.on_conflict_do_update(
+        index_elements=["run_id", "step_id"],
+        set_={
+            "status": ins.excluded.status,
+            "attempt": ins.excluded.attempt,
+            "started_at": now,
+            "fence": ins.excluded.fence,
+            "next_attempt_at": None,
+            "error": None,
             "detail": ins.excluded.detail,
         },
     )
-    await conn.execute(stmt)
 
 
 async def finish_attempt(
@@ -93,6 +112,19 @@ async def finish_attempt(
     Call after :func:`app.db.queries.runs.check_fence` in the same transaction.
     """
     dialect = conn.dialect.name
+    if retry_in is None and status != StepStatus.RETRY_WAIT:
+        await conn.execute(
+            _finish_attempt_stmt(dialect),
+            {
+                "b_run_id": run_id,
+                "b_step_id": step_id,
+                "status": status.value,
+                "output": output,
+                "error": error,
+                "fence": fence,
+            },
+        )
+        return
     now = now_expr(dialect)
     values: dict[str, Any] = {
         "status": status.value,
@@ -104,6 +136,16 @@ async def finish_attempt(
     }
     await conn.execute(
         update(steps).where(steps.c.run_id == run_id, steps.c.step_id == step_id).values(values)
+    )
+
+
+@functools.cache
+def _finish_attempt_stmt(dialect: str) -> Any:
+    # The common case (a final outcome), built once per dialect like the start upsert.
+    return (
+        update(steps)
+        .where(steps.c.run_id == bindparam("b_run_id"), steps.c.step_id == bindparam("b_step_id"))
+        .values(finished_at=now_expr(dialect), next_attempt_at=None)
     )
 
 
