@@ -16,12 +16,13 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import problems
-from app.api.routes import dead_letters, health, metrics, run_actions, runs, workflows
+from app.api.routes import admin, dead_letters, health, metrics, run_actions, runs, workflows
 from app.auth.authenticator import Authenticator
 from app.core import metrics as core_metrics
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.migrations import check_schema
+from app.engine.api_keys import ApiKeyService
 from app.engine.submit import Submitter
 
 API_VERSION = "0.1.0"
@@ -217,13 +218,15 @@ def create_app(
     app.state.settings = settings
     app.state.db = database
     app.state.submitter = Submitter(database, settings)
-    app.state.authenticator = Authenticator(settings)
+    app.state.api_keys = ApiKeyService(database)
+    app.state.authenticator = Authenticator(settings, api_keys=app.state.api_keys)
     app.state.on_wake = on_wake
     problems.install(app)
     app.include_router(runs.router)
     app.include_router(run_actions.router)
     app.include_router(dead_letters.router)
     app.include_router(workflows.router)
+    app.include_router(admin.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.add_middleware(BodyLimit, limit=settings.max_payload_bytes + _ENVELOPE_BYTES)

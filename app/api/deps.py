@@ -2,20 +2,29 @@
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Callable, Coroutine
 from typing import Annotated, Any
 
-from fastapi import Depends, Request
+import structlog
+from fastapi import Depends, Query, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.auth.authenticator import Authenticator
 from app.auth.principal import Principal, Scope
 from app.core.errors import Forbidden, Unauthenticated
 from app.core.settings import Settings
 from app.db.database import Database
+from app.db.queries import runs as runs_q
+from app.engine.api_keys import ApiKeyService
 from app.engine.submit import Submitter
 
-_bearer = HTTPBearer(auto_error=False, description="Bearer token (JWT).")
+_bearer = HTTPBearer(
+    auto_error=False, description="Bearer token: a JWT, or a per-tenant API key (trd_…)."
+)
+audit_log = structlog.get_logger("treadle.audit")
 
 
 def get_db(request: Request) -> Database:
@@ -28,6 +37,12 @@ def get_settings(request: Request) -> Settings:
     """The process's :class:`Settings`."""
     settings: Settings = request.app.state.settings
     return settings
+
+
+def get_api_keys(request: Request) -> ApiKeyService:
+    """The process's :class:`ApiKeyService`."""
+    service: ApiKeyService = request.app.state.api_keys
+    return service
 
 
 def get_submitter(request: Request) -> Submitter:
@@ -54,6 +69,9 @@ async def get_principal(
 def require(scope: Scope) -> Callable[..., Coroutine[Any, Any, Principal]]:
     """Dependency factory: the principal, provided it holds ``scope``.
 
+    The returned dependency carries ``required_scope`` so tests can enumerate what each
+    route needs from the app's own routes.
+
     Raises:
         Forbidden: the scope is missing (403, naming it).
     """
@@ -65,7 +83,52 @@ def require(scope: Scope) -> Callable[..., Coroutine[Any, Any, Principal]]:
             )
         return principal
 
+    dependency.required_scope = scope  # type: ignore[attr-defined]
     return dependency
+
+
+def read_tenant(principal: Principal, tenant: str | None) -> str:
+    """The tenant a list reads: the caller's, or with ``admin`` any named one (logged).
+
+    Raises:
+        Forbidden: another tenant named without the ``admin`` scope (403).
+    """
+    if tenant is None or tenant == principal.tenant_id:
+        return principal.tenant_id
+    if not principal.is_admin:
+        raise Forbidden(
+            "reading another tenant needs the 'admin' scope", required_scope=Scope.ADMIN.value
+        )
+    audit_log.info("admin cross-tenant read", subject=principal.subject, tenant=tenant)
+    return tenant
+
+
+async def visible_run(
+    conn: AsyncConnection, principal: Principal, run_id: uuid.UUID, tenant: str | None = None
+) -> RowMapping:
+    """Load a run the principal may read: its tenant's, and its own if owner-policy.
+
+    ``tenant`` names another tenant to read from (``admin`` only, logged; see
+    :func:`read_tenant`): cross-tenant reads are explicit, so an admin token used without
+    it is tenant-scoped like any other. ``admin`` also sees every owner's runs.
+
+    Raises:
+        RunNotFound: not visible (missing, another tenant's, another owner's): one body.
+        Forbidden: ``tenant`` names another tenant without the ``admin`` scope.
+    """
+    tenant_id = read_tenant(principal, tenant)
+    return await runs_q.get_run(conn, tenant_id, run_id, owner=principal.owner_filter)
+
+
+TenantQuery = Annotated[
+    str | None,
+    Query(
+        max_length=128,
+        pattern=r"^[A-Za-z0-9_.\-]+$",
+        description="Read another tenant's data (scope `admin`; logged). Default: the "
+        "caller's tenant.",
+    ),
+]
 
 
 def wake_workers(request: Request) -> None:
@@ -82,6 +145,8 @@ def wake_workers(request: Request) -> None:
 DB = Annotated[Database, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SubmitterDep = Annotated[Submitter, Depends(get_submitter)]
+ApiKeysDep = Annotated[ApiKeyService, Depends(get_api_keys)]
+Admin = Annotated[Principal, Depends(require(Scope.ADMIN))]
 RunsRead = Annotated[Principal, Depends(require(Scope.RUNS_READ))]
 RunsWrite = Annotated[Principal, Depends(require(Scope.RUNS_WRITE))]
 RunsCancel = Annotated[Principal, Depends(require(Scope.RUNS_CANCEL))]

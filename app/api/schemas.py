@@ -87,6 +87,15 @@ class Run(BaseModel):
         default=None, description="Steps by status (detail view only)."
     )
     created_by: str
+    access: Literal["tenant", "owner"] = Field(
+        default="tenant",
+        description="Who may see the run: any subject of the tenant, or only its submitter.",
+    )
+    redacted: bool = Field(
+        default=False,
+        description="Payloads withheld: the run failed its authorization re-check "
+        "(reason failure_authorization).",
+    )
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None
@@ -193,6 +202,7 @@ class WorkflowVersion(BaseModel):
 
     version: str
     kind: str
+    access: Literal["tenant", "owner"] = "tenant"
     input_schema: Any
     output_schema: Any
     first_registered_at: datetime
@@ -286,3 +296,50 @@ class DeadLetterPage(BaseModel):
 
     items: list[DeadLetter]
     next_page_token: str | None
+
+
+ScopeName = Literal[
+    "runs:write", "runs:read", "runs:cancel", "approvals:write", "signals:write", "admin"
+]
+TenantName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]
+
+
+class CreateApiKeyRequest(BaseModel):
+    """Body of ``POST /admin/api-keys``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    name: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_printable)] = Field(
+        description="What the key is for (shown in lists)."
+    )
+    scopes: list[ScopeName] = Field(min_length=1, max_length=6)
+    tenant: TenantName | None = Field(
+        default=None, description="The key's tenant; default the caller's."
+    )
+
+
+class ApiKey(BaseModel):
+    """An API key's metadata; the secret is never shown again after creation."""
+
+    key_id: uuid.UUID
+    tenant: str
+    name: str
+    prefix: str = Field(description="Public part of the key: `trd_<prefix>_…`.")
+    scopes: list[str]
+    created_by: str
+    created_at: datetime
+    revoked_at: datetime | None
+    revoked_by: str | None
+    last_used_at: datetime | None = Field(description="Refreshed at most once a minute.")
+
+
+class ApiKeyCreated(ApiKey):
+    """A new key, with its secret ``api_key``: store it now, it is shown only once."""
+
+    api_key: str
+
+
+class ApiKeyList(BaseModel):
+    """``GET /admin/api-keys``."""
+
+    items: list[ApiKey]

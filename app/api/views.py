@@ -8,13 +8,36 @@ from sqlalchemy import RowMapping
 
 from app.api import schemas
 from app.core import json
+from app.core.status import EventKind, RunReason
 from app.db.queries.steps import step_reason
+
+# Events whose data never holds a payload: kept on a redacted run so the timeline still
+# tells what happened.
+_SAFE_EVENTS = frozenset(
+    {
+        EventKind.RUN_SUBMITTED.value,
+        EventKind.RUN_CLAIMED.value,
+        EventKind.RUN_FAILED.value,
+        EventKind.DEAD_LETTER_WRITTEN.value,
+    }
+)
+
+
+def is_redacted(run: RowMapping) -> bool:
+    """True when the run's payloads must be withheld from every read.
+
+    A run that failed its authorization re-check (revoked API key) keeps its data in the
+    database for the operators' retention tiers, but no API view shows its input, output,
+    step results, errors of user code or event data again.
+    """
+    return bool(run["reason"] == RunReason.FAILURE_AUTHORIZATION.value)
 
 
 def run_view(
     row: RowMapping, step_counts: dict[str, int] | None = None, blocked: str | None = None
 ) -> schemas.Run:
-    """Build a :class:`schemas.Run` from a ``runs`` row."""
+    """Build a :class:`schemas.Run` from a ``runs`` row (payloads withheld if redacted)."""
+    redacted = is_redacted(row)
     waiting = None
     if row["waiting_kind"]:
         waiting = schemas.WaitingOn(
@@ -26,8 +49,8 @@ def run_view(
         version=row["version"],
         status=row["status"],
         reason=row["reason"],
-        input=json.loads(row["input"]),
-        output=json.loads(row["output"]),
+        input=None if redacted else json.loads(row["input"]),
+        output=None if redacted else json.loads(row["output"]),
         error=json.loads(row["error"]),
         idempotency_key=row["idempotency_key"],
         concurrency_key=row["concurrency_key"],
@@ -38,6 +61,8 @@ def run_view(
         blocked_reason=blocked or row["blocked_reason"],
         step_counts=step_counts,
         created_by=row["created_by"],
+        access=row["access"],
+        redacted=redacted,
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         started_at=row["started_at"],
@@ -45,8 +70,8 @@ def run_view(
     )
 
 
-def step_view(row: RowMapping) -> schemas.Step:
-    """Build a :class:`schemas.Step` from a ``steps`` row."""
+def step_view(row: RowMapping, redacted: bool = False) -> schemas.Step:
+    """Build a :class:`schemas.Step` from a ``steps`` row (see :func:`is_redacted`)."""
     duration = None
     if row["started_at"] is not None and row["finished_at"] is not None:
         duration = (row["finished_at"] - row["started_at"]).total_seconds() * 1000.0
@@ -59,11 +84,11 @@ def step_view(row: RowMapping) -> schemas.Step:
         reason=step_reason(row["status"], row["error"]),
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],
-        output=json.loads(row["output"]),
-        error=json.loads(row["error"]),
+        output=None if redacted else json.loads(row["output"]),
+        error=None if redacted else json.loads(row["error"]),
         next_attempt_at=row["next_attempt_at"],
         deadline=row["deadline"],
-        detail=json.loads(row["detail"]),
+        detail=None if redacted else json.loads(row["detail"]),
         created_at=row["created_at"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
@@ -71,15 +96,16 @@ def step_view(row: RowMapping) -> schemas.Step:
     )
 
 
-def event_view(row: RowMapping) -> schemas.Event:
-    """Build a :class:`schemas.Event` from an ``events`` row."""
+def event_view(row: RowMapping, redacted: bool = False) -> schemas.Event:
+    """Build a :class:`schemas.Event` from an ``events`` row (see :func:`is_redacted`)."""
+    hide = redacted and row["kind"] not in _SAFE_EVENTS
     return schemas.Event(
         event_id=row["event_id"],
         at=row["at"],
         kind=row["kind"],
         step_id=row["step_id"],
         actor=row["actor"],
-        data=json.loads(row["data"]),
+        data=None if hide else json.loads(row["data"]),
     )
 
 

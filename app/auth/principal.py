@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
 from enum import StrEnum
 
@@ -29,13 +30,26 @@ class Principal:
         subject: who (``sub`` claim); recorded as the actor of submissions and cancels.
         scopes: granted scopes.
         groups: group claims (approvals may require one).
+        api_key_id: the API key that authenticated the call (None for a JWT); recorded on
+            submitted runs so each worker attempt can re-check it is not revoked.
     """
 
     tenant_id: str
     subject: str
     scopes: frozenset[Scope]
     groups: frozenset[str] = field(default_factory=frozenset)
+    api_key_id: uuid.UUID | None = None
 
     def has(self, scope: Scope) -> bool:
         """True if the principal holds ``scope`` (``admin`` implies every scope)."""
         return scope in self.scopes or Scope.ADMIN in self.scopes
+
+    @property
+    def is_admin(self) -> bool:
+        """True for operators (``admin`` scope): cross-tenant reads, any owner's runs."""
+        return Scope.ADMIN in self.scopes
+
+    @property
+    def owner_filter(self) -> str | None:
+        """The subject that owner-policy runs must match, or None (admin sees them all)."""
+        return None if self.is_admin else self.subject

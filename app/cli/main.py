@@ -6,16 +6,19 @@ import asyncio
 import json as stdjson
 import os
 import sys
-from collections.abc import Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 from urllib.parse import quote
 
 import httpx
 import typer
 
 from app.cli.check import check as check_command
-from app.core.settings import Settings, format_settings_error
+from app.core.settings import AuthMode, Settings, format_settings_error
+
+if TYPE_CHECKING:
+    from app.engine.api_keys import ApiKeyService
 
 app = typer.Typer(help="Treadle: durable workflows as a service.", no_args_is_help=True)
 runs_app = typer.Typer(help="Operate on runs through the HTTP API.", no_args_is_help=True)
@@ -23,6 +26,11 @@ app.add_typer(runs_app, name="runs")
 dlq_app = typer.Typer(help="Dead letters: list and requeue.", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
 app.command("check")(check_command)
+keys_app = typer.Typer(
+    help="Per-tenant API keys, straight on the database (like `treadle migrate`).",
+    no_args_is_help=True,
+)
+app.add_typer(keys_app, name="api-keys")
 
 EXAMPLE_HANDLERS = ["examples.orders", "examples.onboarding", "examples.order_total"]
 
@@ -118,15 +126,50 @@ def worker(
     _run(run_worker(settings, handlers, concurrency, metrics_port))
 
 
+def require_local_dev(settings: Settings, command: str) -> None:
+    """Refuse dev-mode tokens outside the embedded database unless explicitly asked for.
+
+    Dev tokens are signed with a shared secret and name any tenant, so they are for a
+    laptop: allowed on SQLite (the embedded database); on any other database only when
+    ``TREADLE_AUTH_MODE=dev`` is set explicitly, and then with a warning (docs/security.md).
+    """
+    from sqlalchemy.engine import make_url
+
+    if settings.auth_mode != AuthMode.DEV:
+        _fail(f"refusing `treadle {command}`: TREADLE_AUTH_MODE is {settings.auth_mode.value}")
+    explicit = "auth_mode" in settings.model_fields_set
+    if settings.is_sqlite and not explicit:
+        return
+    where = make_url(settings.database_url).render_as_string(hide_password=True)
+    if not explicit:
+        _fail(
+            f"refusing `treadle {command}`: dev-mode tokens are for the embedded SQLite "
+            f"database, and this is {where}. Set TREADLE_AUTH_MODE=dev explicitly to use "
+            "them anyway (local testing only), or TREADLE_AUTH_MODE=jwt with your identity "
+            "provider."
+        )
+    if not settings.is_sqlite:
+        typer.secho(
+            f"WARNING: dev-mode tokens on {where}: anyone holding the dev secret can act "
+            "as any tenant with any scope. For local testing only.",
+            fg=typer.colors.YELLOW,
+            err=True,
+        )
+
+
 @app.command()
 def dev(
     port: Annotated[int | None, typer.Option(help="Port")] = None,
     handlers: Annotated[list[str] | None, typer.Option("--handlers")] = None,
 ) -> None:
-    """API + an in-process worker on the embedded SQLite database, examples loaded."""
+    """API + an in-process worker on the embedded SQLite database, examples loaded.
+
+    Refused on another database unless TREADLE_AUTH_MODE=dev is set explicitly.
+    """
     from app.cli.dev import run_dev
 
     settings = load_settings(port=port)
+    require_local_dev(settings, "dev")
     sys.path.insert(0, os.getcwd())
     _run(run_dev(settings, handlers or EXAMPLE_HANDLERS))
 
@@ -143,7 +186,11 @@ def token(
     ] = "",
     ttl: Annotated[int, typer.Option(help="Lifetime in seconds")] = 86_400,
 ) -> None:
-    """Print a dev-mode token (HS256, signed with the local dev secret)."""
+    """Print a dev-mode token (HS256, signed with the local dev secret).
+
+    Refused unless the database is the embedded SQLite one or TREADLE_AUTH_MODE=dev is
+    set explicitly.
+    """
     from app.auth.dev import DevTokens, dev_secret
 
     if ttl <= 0:
@@ -151,6 +198,7 @@ def token(
     if not subject.strip():
         _fail("--subject must not be empty")
     settings = load_settings()
+    require_local_dev(settings, "token")
     try:
         minted = DevTokens(dev_secret(settings)).mint(
             tenant_id=tenant,
@@ -162,6 +210,107 @@ def token(
     except ValueError as exc:
         _fail(str(exc))
     typer.echo(minted)
+
+
+# --- API keys, straight on the database -------------------------------------------------
+
+TENANT = Annotated[str, typer.Option("--tenant", help="Tenant id")]
+
+
+def _keys_run(work: Callable[[ApiKeyService], Awaitable[None]]) -> None:
+    """Open the database (schema at head), run ``work(service)``, report domain errors."""
+    from app.core.errors import TreadleError
+    from app.db.database import Database
+    from app.engine.api_keys import ApiKeyService
+
+    settings = load_settings()
+
+    async def main() -> None:
+        await _require_schema(settings)
+        db = Database(settings)
+        try:
+            await work(ApiKeyService(db))
+        finally:
+            await db.dispose()
+
+    try:
+        _run(main())
+    except TreadleError as exc:
+        _fail(exc.detail)
+
+
+def _operator() -> str:
+    import getpass
+
+    try:
+        return f"cli:{getpass.getuser()}"
+    except (KeyError, OSError):
+        return "cli"
+
+
+@keys_app.command("create")
+def keys_create(
+    tenant: TENANT,
+    name: Annotated[str, typer.Option(help="What the key is for")],
+    scopes: Annotated[str, typer.Option(help="Space- or comma-separated scopes")],
+) -> None:
+    """Create an API key; the key is printed once (last line) and never shown again."""
+
+    async def work(service: ApiKeyService) -> None:
+        created = await service.create(
+            tenant_id=tenant,
+            name=name,
+            scopes=scopes.replace(",", " ").split(),
+            created_by=_operator(),
+        )
+        row = created.row
+        typer.echo(f"key_id   {row['key_id']}")
+        typer.echo(f"tenant   {row['tenant_id']}")
+        typer.echo(f"name     {row['name']}")
+        typer.echo(f"scopes   {row['scopes']}")
+        typer.secho("api key (shown once; store it now):", err=True)
+        typer.echo(created.token)
+
+    _keys_run(work)
+
+
+@keys_app.command("list")
+def keys_list(
+    tenant: TENANT,
+    active: Annotated[bool, typer.Option("--active", help="Hide revoked keys")] = False,
+) -> None:
+    """List a tenant's API keys (never their secrets)."""
+
+    async def work(service: ApiKeyService) -> None:
+        rows = await service.list_keys(tenant, include_revoked=not active)
+        for r in rows:
+            state = f"revoked {r['revoked_at'].isoformat()}" if r["revoked_at"] else "active"
+            used = r["last_used_at"].isoformat() if r["last_used_at"] else "never"
+            typer.echo(
+                f"{r['key_id']}  trd_{r['prefix']}_…  {r['name']!r}  [{r['scopes']}]  "
+                f"{state}  last used {used}"
+            )
+        if not rows:
+            typer.echo("(no keys)")
+
+    _keys_run(work)
+
+
+@keys_app.command("revoke")
+def keys_revoke(key_id: str, tenant: TENANT) -> None:
+    """Revoke an API key now; runs it submitted fail at their next attempt."""
+    import uuid
+
+    try:
+        kid = uuid.UUID(key_id)
+    except ValueError:
+        _fail(f"{key_id!r} is not a key id (a UUID; see `treadle api-keys list`)")
+
+    async def work(service: ApiKeyService) -> None:
+        row = await service.revoke(tenant_id=tenant, key_id=kid, actor=_operator())
+        typer.echo(f"revoked {row['key_id']} at {row['revoked_at'].isoformat()}")
+
+    _keys_run(work)
 
 
 # --- operator commands over HTTP -------------------------------------------------------

@@ -58,6 +58,12 @@ class DeadLetterNotFound(NotFoundError):
     code = "dead_letter_not_found"
 
 
+class ApiKeyNotFound(NotFoundError):
+    """No API key with this id belongs to the tenant."""
+
+    code = "api_key_not_found"
+
+
 class ConflictError(TreadleError):
     """The request conflicts with the current state (409)."""
 

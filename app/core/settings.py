@@ -21,7 +21,7 @@ class AuthMode(StrEnum):
 
     ``dev``: HS256 tokens minted locally by ``treadle token`` with a shared secret.
     ``jwt``: tokens from an identity provider, verified against its JWKS (RS256, ES256,
-    Ed25519 by default). In both modes per-tenant API keys (``tdl_…``) are accepted too.
+    Ed25519 by default). In both modes per-tenant API keys (``trd_…``) are accepted too.
     """
 
     DEV = "dev"

@@ -43,6 +43,9 @@ workflow_definitions = Table(
     Column("kind", String(32), nullable=False),
     Column("input_schema", Text, nullable=False),
     Column("output_schema", Text, nullable=False),
+    # Who may see a run of this definition: ``tenant`` (anyone of the tenant) or ``owner``
+    # (only the submitting subject). Stored here so the API never imports handler code.
+    Column("access", String(16), nullable=False, server_default=text("'tenant'")),
     Column("first_registered_at", UtcDateTime, nullable=False),
     Column("last_registered_at", UtcDateTime, nullable=False),
     PrimaryKeyConstraint("name", "version"),
@@ -93,6 +96,11 @@ runs = Table(
     Column("waiting_deadline", UtcDateTime, nullable=True),
     Column("parent_run_id", Uuid, nullable=True),
     Column("created_by", String(255), nullable=False),
+    # The API key the run was submitted with (None for a JWT): every worker attempt
+    # re-checks that it is not revoked.
+    Column("api_key_id", Uuid, nullable=True),
+    # The definition's access policy, copied at submit: ``tenant`` or ``owner``.
+    Column("access", String(16), nullable=False, server_default=text("'tenant'")),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
     Column("started_at", UtcDateTime, nullable=True),
@@ -204,4 +212,25 @@ approval_decisions = Table(
     Column("comment", Text, nullable=True),
     Column("decided_at", UtcDateTime, nullable=False),
     PrimaryKeyConstraint("run_id", "step_id", "decided_by"),
+)
+
+api_keys = Table(
+    "api_keys",
+    metadata,
+    Column("key_id", Uuid, primary_key=True),
+    Column("tenant_id", String(128), nullable=False),
+    Column("name", String(200), nullable=False),
+    # The public part of the key (``trd_<prefix>_<secret>``), unique, used for lookup.
+    Column("prefix", String(32), nullable=False),
+    # SHA-256 (hex) of the whole key; the key itself is never stored. A fast hash is
+    # enough: the secret is 256 random bits, so there is nothing to brute-force.
+    Column("secret_hash", String(64), nullable=False),
+    Column("scopes", Text, nullable=False),  # space-separated
+    Column("created_by", String(255), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("revoked_at", UtcDateTime, nullable=True),
+    Column("revoked_by", String(255), nullable=True),
+    Column("last_used_at", UtcDateTime, nullable=True),
+    UniqueConstraint("prefix"),
+    Index("ix_api_keys_tenant_id_key_id", "tenant_id", "key_id"),
 )

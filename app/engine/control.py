@@ -14,6 +14,7 @@ from app.core.errors import (
     Forbidden,
     InvalidState,
     RunFinished,
+    RunNotFound,
     StepNotFound,
 )
 from app.core.settings import Settings
@@ -31,7 +32,13 @@ from app.engine.waits import resolve_decisions
 
 
 async def cancel(
-    db: Database, *, tenant_id: str, run_id: uuid.UUID, actor: str, reason: str | None
+    db: Database,
+    *,
+    tenant_id: str,
+    run_id: uuid.UUID,
+    actor: str,
+    reason: str | None,
+    owner: str | None = None,
 ) -> RowMapping:
     """Cancel a run: ``cancelled`` / ``canceled_by_request``, with its fence advanced.
 
@@ -41,15 +48,19 @@ async def cancel(
     A run with registered compensations goes to ``cancelling`` instead: a worker runs its
     compensations, then it becomes ``cancelled`` (or ``failed`` if one failed).
 
+    ``owner`` (the caller's subject, None for admins) enforces the owner access policy:
+    another subject's ``owner`` run is not found. This holds for every control below.
+
     Returns:
         The run row after the call. Cancelling a cancelled (or cancelling) run is
         idempotent.
 
     Raises:
-        RunNotFound: not this tenant's run.
+        RunNotFound: not this tenant's run (or not visible to ``owner``).
         RunFinished: the run already finished otherwise (409).
     """
     async with db.write() as conn:
+        await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)  # 404 before anything
         row = await _cancel_in(conn, tenant_id=tenant_id, run_id=run_id, actor=actor, reason=reason)
     if row["status"] not in (
         RunStatus.CANCELLED.value,
@@ -145,6 +156,7 @@ async def send_signal(
     name: str,
     payload: Any,
     actor: str,
+    owner: str | None = None,
 ) -> int:
     """Buffer a signal for a run and wake it if it waits on a signal.
 
@@ -158,7 +170,7 @@ async def send_signal(
     """
     text = json.dumps_limited(payload, settings.max_payload_bytes, "signal payload")
     async with db.write() as conn:
-        run = await runs_q.lock_run(conn, tenant_id, run_id)
+        run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
         _require_live(run)
         signal_id = await signals_q.insert_signal(
             conn, run_id=run_id, tenant_id=tenant_id, name=name, payload=text, sent_by=actor
@@ -189,6 +201,7 @@ async def decide_approval(
     decision: str,
     payload: Any,
     comment: str | None,
+    owner: str | None = None,
 ) -> dict[str, Any]:
     """Record one approver's decision on a waiting approval and wake the run if decided.
 
@@ -207,7 +220,7 @@ async def decide_approval(
     """
     payload_text = json.dumps_limited(payload, settings.max_payload_bytes, "approval payload")
     async with db.write() as conn:
-        run = await runs_q.lock_run(conn, tenant_id, run_id)
+        run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
         step = (
             (
                 await conn.execute(
@@ -314,6 +327,7 @@ async def requeue_dead_letter(
     actor: str,
     reason: str,
     correlation_id: str | None,
+    owner: str | None = None,
 ) -> RowMapping:
     """Re-run a failed run from its failed point and mark its dead letter requeued.
 
@@ -341,11 +355,14 @@ async def requeue_dead_letter(
             .mappings()
             .first()
         )
-        if dl is None:
+        try:
+            run = await runs_q.lock_run(conn, tenant_id, dl["run_id"], owner=owner) if dl else None
+        except RunNotFound:
+            run = None  # another owner's run: its dead letter does not exist for the caller
+        if dl is None or run is None:
             raise DeadLetterNotFound(f"dead letter {dead_letter_id} not found")
         if dl["status"] != "pending":
             raise InvalidState(f"dead letter {dead_letter_id} was already {dl['status']}")
-        run = await runs_q.lock_run(conn, tenant_id, dl["run_id"])
         if run["status"] != RunStatus.FAILED.value:
             raise InvalidState(f"run {run['run_id']} is {run['status']!r}, not failed")
         await _reopen_failed_steps(conn, run["run_id"])
@@ -399,7 +416,9 @@ async def requeue_dead_letter(
     return row
 
 
-async def pending_dead_letter_id(db: Database, *, tenant_id: str, run_id: uuid.UUID) -> uuid.UUID:
+async def pending_dead_letter_id(
+    db: Database, *, tenant_id: str, run_id: uuid.UUID, owner: str | None = None
+) -> uuid.UUID:
     """The run's pending dead letter (for ``POST /runs/{id}/retry``).
 
     Raises:
@@ -407,7 +426,7 @@ async def pending_dead_letter_id(db: Database, *, tenant_id: str, run_id: uuid.U
         InvalidState: the run has no pending dead letter (it is not failed).
     """
     async with db.read() as conn:
-        run = await runs_q.get_run(conn, tenant_id, run_id)
+        run = await runs_q.get_run(conn, tenant_id, run_id, owner=owner)
         found = (
             await conn.execute(
                 select(dead_letters.c.dead_letter_id).where(
@@ -420,7 +439,9 @@ async def pending_dead_letter_id(db: Database, *, tenant_id: str, run_id: uuid.U
     return uuid.UUID(str(found))
 
 
-async def resume(db: Database, *, tenant_id: str, run_id: uuid.UUID, actor: str) -> RowMapping:
+async def resume(
+    db: Database, *, tenant_id: str, run_id: uuid.UUID, actor: str, owner: str | None = None
+) -> RowMapping:
     """Make a waiting or retrying run due now: skip a retry backoff, re-check its waits.
 
     Timers keep their deadline and unsatisfied waits simply wait again.
@@ -430,7 +451,7 @@ async def resume(db: Database, *, tenant_id: str, run_id: uuid.UUID, actor: str)
         InvalidState: the run is not waiting (409).
     """
     async with db.write() as conn:
-        run = await runs_q.lock_run(conn, tenant_id, run_id)
+        run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
         if not await runs_q.make_due(conn, run_id=run_id):
             raise InvalidState(f"run {run_id} is {run['status']!r}, not waiting")
         # A step waiting out its retry backoff tries again now; timers keep their time.

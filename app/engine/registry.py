@@ -58,13 +58,14 @@ class Registry:
         return len(self._by_key)
 
     async def register(self, conn: AsyncConnection) -> None:
-        """Upsert every definition (name, version, kind, JSON Schemas) in the database."""
+        """Upsert every definition (name, version, kind, access, JSON Schemas) in the database."""
         for d in self._by_key.values():
             await q.upsert_definition(
                 conn,
                 name=d.name,
                 version=d.version,
                 kind=d.kind,
+                access=d.access,
                 input_schema=json.dumps(d.input_schema),
                 output_schema=json.dumps(d.output_schema),
             )

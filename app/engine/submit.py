@@ -63,6 +63,7 @@ class SubmitRequest:
 class _Definition:
     version: str
     validator: jsonschema.protocols.Validator
+    access: str
 
 
 def _version_order(row: RowMapping) -> tuple[int, int, str]:
@@ -122,7 +123,7 @@ class Submitter:
             )
             validator = cls(schema)
             self._validators[schema_text] = validator
-        found = _Definition(version=str(row["version"]), validator=validator)
+        found = _Definition(version=str(row["version"]), validator=validator, access=row["access"])
         self._cache[key] = (time.monotonic() + self.cache_seconds, found)
         return found
 
@@ -152,10 +153,29 @@ class Submitter:
             )
         return input_text, definition.version
 
+    async def access(self, workflow: str, version: str) -> str:
+        """The access policy (``tenant`` or ``owner``) registered for a definition version.
+
+        Raises:
+            WorkflowNotFound: unknown workflow or version.
+        """
+        return (await self._definition(workflow, version)).access
+
     async def submit(
-        self, request: SubmitRequest, *, tenant_id: str, subject: str
+        self,
+        request: SubmitRequest,
+        *,
+        tenant_id: str,
+        subject: str,
+        api_key_id: uuid.UUID | None = None,
     ) -> tuple[RowMapping, bool]:
         """Create a run, or return the existing one for an identical idempotent retry.
+
+        Args:
+            request: the submission.
+            tenant_id: the caller's tenant.
+            subject: the caller (``created_by``; the owner under ``access="owner"``).
+            api_key_id: the API key the caller used, re-checked on every attempt.
 
         Returns:
             ``(run row, created)``: created is False for an idempotent replay.
@@ -165,9 +185,17 @@ class Submitter:
             IdempotencyConflict: the key was used for a different request (409).
         """
         input_text, version = await self.prepare(request)
+        access = await self.access(request.workflow, version)
         async with self.db.write() as conn:
             return await insert_prepared(
-                conn, request, input_text, version, tenant_id=tenant_id, subject=subject
+                conn,
+                request,
+                input_text,
+                version,
+                tenant_id=tenant_id,
+                subject=subject,
+                api_key_id=api_key_id,
+                access=access,
             )
 
 
@@ -180,11 +208,14 @@ async def insert_prepared(
     tenant_id: str,
     subject: str,
     parent_run_id: uuid.UUID | None = None,
+    api_key_id: uuid.UUID | None = None,
+    access: str = "tenant",
 ) -> tuple[RowMapping, bool]:
     """Insert a prepared run inside the caller's transaction (idempotency included).
 
     Raises:
-        IdempotencyConflict: the key was used for a different request (409).
+        IdempotencyConflict: the key was used for a different request (409), or by
+            another subject for an owner-policy run (which must stay invisible to it).
     """
     fingerprint = request.fingerprint()
     row = await runs_q.insert_run(
@@ -200,6 +231,8 @@ async def insert_prepared(
             "request_hash": fingerprint,
             "concurrency_key": request.concurrency_key,
             "created_by": subject,
+            "api_key_id": api_key_id,
+            "access": access,
             "parent_run_id": parent_run_id,
             "delay": request.delay,
         },
@@ -223,6 +256,12 @@ async def insert_prepared(
     existing = await runs_q.get_by_idempotency_key(conn, tenant_id, request.idempotency_key)
     if existing is None:  # pragma: no cover - the conflicting row cannot vanish
         raise IdempotencyConflict("idempotency key conflict; retry the request")
+    if existing["access"] == "owner" and existing["created_by"] != subject:
+        # The key namespace is the tenant's, but the run is the owner's: refuse without
+        # naming it, exactly as for a different request.
+        raise IdempotencyConflict(
+            f"idempotency key {request.idempotency_key!r} was already used for a different request"
+        )
     if existing["request_hash"] != fingerprint:
         raise IdempotencyConflict(
             f"idempotency key {request.idempotency_key!r} was already used for a "

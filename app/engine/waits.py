@@ -469,6 +469,7 @@ async def child(
             idempotency_key=f"{ex.run_id}:{step_id}",
         )
         input_text, resolved = await ex.submitter.prepare(request)
+        access = await ex.submitter.access(workflow, resolved)
 
         async def create(conn: AsyncConnection) -> None:
             row, _ = await insert_prepared(
@@ -479,6 +480,9 @@ async def child(
                 tenant_id=ex.tenant_id,
                 subject=ex.run["created_by"],
                 parent_run_id=ex.run_id,
+                # A child acts for the parent's submitter: same key, re-checked likewise.
+                api_key_id=ex.run["api_key_id"],
+                access=access,
             )
             child_id = str(row["run_id"])
             await steps_q.insert_step(

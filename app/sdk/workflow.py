@@ -7,7 +7,7 @@ import typing
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import ModuleType
-from typing import TYPE_CHECKING, Any, Generic, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
 
@@ -18,6 +18,7 @@ InT = TypeVar("InT", bound=BaseModel)
 OutT = TypeVar("OutT")
 
 WorkflowFn = Callable[["WorkflowContext", InT], Awaitable[OutT]]
+Access = Literal["tenant", "owner"]
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,7 @@ class WorkflowDefinition(Generic[InT, OutT]):
     input_model: type[InT]
     output_adapter: TypeAdapter[OutT] = field(repr=False)
     kind: str = "workflow"
+    access: Access = "tenant"
 
     @property
     def key(self) -> str:
@@ -58,7 +60,7 @@ class WorkflowDefinition(Generic[InT, OutT]):
 
 
 def workflow(
-    name: str, *, version: int | str = 1
+    name: str, *, version: int | str = 1, access: Access = "tenant"
 ) -> Callable[[WorkflowFn[InT, OutT]], WorkflowDefinition[InT, OutT]]:
     """Declare an ``async def body(ctx, input: Model) -> Out`` as a durable workflow.
 
@@ -66,6 +68,11 @@ def workflow(
         name: workflow name used in ``POST /runs``; 1..200 chars of ``[A-Za-z0-9_.-]``.
         version: definition version (int or string). Runs are pinned to the version they
             were submitted with; a worker only claims versions it registered.
+        access: who may see and act on a run (docs/security.md): ``"tenant"`` (default)
+            any subject of the submitting tenant with the scope; ``"owner"`` only the
+            subject that submitted it (others get 404, as for a missing id; ``admin``
+            tokens excepted). Registered with the definition; each run keeps the policy
+            of the version it was submitted to.
 
     Returns:
         A decorator producing a :class:`WorkflowDefinition`.
@@ -79,6 +86,8 @@ def workflow(
     version_text = str(version)
     if not version_text or len(version_text) > 64:
         raise ValueError("workflow version must be 1..64 characters")
+    if access not in ("tenant", "owner"):
+        raise ValueError(f"@workflow({name!r}): access must be 'tenant' or 'owner'")
 
     def decorate(fn: WorkflowFn[InT, OutT]) -> WorkflowDefinition[InT, OutT]:
         if not inspect.iscoroutinefunction(fn):
@@ -99,6 +108,7 @@ def workflow(
             fn=fn,
             input_model=typing.cast(type[InT], input_model),
             output_adapter=output_adapter,
+            access=access,
         )
 
     return decorate

@@ -26,9 +26,10 @@ from sqlalchemy.engine import make_url
 from app.core import json, metrics
 from app.core.errors import LeaseLost
 from app.core.settings import Settings
-from app.core.status import EventKind, RunStatus
+from app.core.status import EventKind, RunReason, RunStatus
 from app.db.database import Database
 from app.db.migrations import check_schema
+from app.db.queries import api_keys as api_keys_q
 from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
@@ -193,12 +194,28 @@ class Worker:
             definition = self.registry.get(row["workflow"], row["version"])
             if definition is None:  # pragma: no cover - the claim filters on registered keys
                 return
+            outcome: Outcome | None = None
             async with self.db.read() as conn:
-                journal = await steps_q.load_journal(conn, run_id)
-            execution = RunExecution(
-                self.db, self.settings, row, definition, journal, self.worker_id, self.submitter
-            )
-            outcome = await execution.execute()
+                if row["api_key_id"] is not None and await api_keys_q.is_revoked(
+                    conn, row["api_key_id"]
+                ):
+                    # DESIGN §4: every attempt re-checks who the run acts for. One primary
+                    # key read, only for runs submitted with an API key.
+                    outcome = Failed(
+                        RunReason.FAILURE_AUTHORIZATION,
+                        {
+                            "type": "Unauthorized",
+                            "message": "the API key that submitted this run was revoked",
+                        },
+                    )
+                    rlog.warning("api key revoked; failing run", api_key_id=str(row["api_key_id"]))
+                else:
+                    journal = await steps_q.load_journal(conn, run_id)
+            if outcome is None:
+                execution = RunExecution(
+                    self.db, self.settings, row, definition, journal, self.worker_id, self.submitter
+                )
+                outcome = await execution.execute()
             active = self._active.get(run_id)
             if active is not None:
                 active.finalizing = True

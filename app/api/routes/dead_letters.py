@@ -9,12 +9,13 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 
 from app.api import schemas
-from app.api.deps import DB, RunsRead, RunsWrite
+from app.api.deps import DB, RunsRead, RunsWrite, TenantQuery, read_tenant
 from app.api.pagination import decode_token, encode_token
 from app.api.problems import PROBLEM_RESPONSES
 from app.api.views import dead_letter_view
 from app.core.errors import BadRequest, DeadLetterNotFound
-from app.db.tables import dead_letters
+from app.db.queries.runs import visible_to
+from app.db.tables import dead_letters, runs
 from app.engine import control
 
 router = APIRouter(prefix="/dead-letters", tags=["dead letters"])
@@ -40,16 +41,28 @@ async def list_dead_letters(
     workflow: Annotated[str | None, Query(max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")] = None,
     page_token: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    tenant: TenantQuery = None,
 ) -> schemas.DeadLetterPage:
-    """The tenant's dead letters, newest first (``status=pending`` by default, or ``all``)."""
+    """The tenant's dead letters, newest first (``status=pending`` by default, or ``all``).
+
+    Dead letters of ``owner``-policy runs appear only to the run's submitter.
+    """
+    tenant_id = read_tenant(principal, tenant)
     filters = {"status": status, "workflow": workflow}
-    stmt = select(dead_letters).where(dead_letters.c.tenant_id == principal.tenant_id)
+    stmt = select(dead_letters).where(dead_letters.c.tenant_id == tenant_id)
+    owner = principal.owner_filter
+    if owner is not None:
+        stmt = stmt.where(
+            dead_letters.c.run_id.in_(
+                select(runs.c.run_id).where(runs.c.tenant_id == tenant_id, visible_to(owner))
+            )
+        )
     if status == "pending":
         stmt = stmt.where(dead_letters.c.status == "pending")
     if workflow:
         stmt = stmt.where(dead_letters.c.workflow == workflow)
     if page_token:
-        position = decode_token(page_token, principal.tenant_id, "dead-letters", filters)
+        position = decode_token(page_token, tenant_id, "dead-letters", filters)
         try:
             stmt = stmt.where(dead_letters.c.dead_letter_id < uuid.UUID(str(position)))
         except ValueError:
@@ -60,7 +73,7 @@ async def list_dead_letters(
     token = None
     if len(rows) > limit:
         token = encode_token(
-            principal.tenant_id, "dead-letters", filters, str(rows[limit - 1]["dead_letter_id"])
+            tenant_id, "dead-letters", filters, str(rows[limit - 1]["dead_letter_id"])
         )
     return schemas.DeadLetterPage(
         items=[dead_letter_view(r) for r in rows[:limit]], next_page_token=token
@@ -91,5 +104,6 @@ async def requeue_dead_letter(
         actor=principal.subject,
         reason=body.reason,
         correlation_id=body.correlation_id,
+        owner=principal.owner_filter,
     )
     return dead_letter_view(row)

@@ -56,6 +56,7 @@ async def send_signal(
         name=name,
         payload=body.payload if body else None,
         actor=principal.subject,
+        owner=principal.owner_filter,
     )
     wake_workers(request)
     return schemas.SignalAccepted(run_id=rid, name=name, signal_id=signal_id)
@@ -95,6 +96,7 @@ async def decide_approval(
         decision=body.decision,
         payload=body.payload,
         comment=body.comment,
+        owner=principal.owner_filter,
     )
     wake_workers(request)
     return schemas.ApprovalDecisionResult(run_id=rid, **result)
@@ -112,7 +114,11 @@ async def resume_run(run_id: str, principal: RunsWrite, db: DB) -> schemas.Run:
     A wait that is still unsatisfied simply waits again. 409 if the run is not waiting.
     """
     row = await control.resume(
-        db, tenant_id=principal.tenant_id, run_id=parse_run_id(run_id), actor=principal.subject
+        db,
+        tenant_id=principal.tenant_id,
+        run_id=parse_run_id(run_id),
+        actor=principal.subject,
+        owner=principal.owner_filter,
     )
     return run_view(row)
 
@@ -131,7 +137,9 @@ async def retry_run(
     409 if the run is not failed or was already requeued.
     """
     rid = parse_run_id(run_id)
-    dl_id = await control.pending_dead_letter_id(db, tenant_id=principal.tenant_id, run_id=rid)
+    dl_id = await control.pending_dead_letter_id(
+        db, tenant_id=principal.tenant_id, run_id=rid, owner=principal.owner_filter
+    )
     row = await control.requeue_dead_letter(
         db,
         tenant_id=principal.tenant_id,
@@ -139,5 +147,6 @@ async def retry_run(
         actor=principal.subject,
         reason=body.reason,
         correlation_id=body.correlation_id,
+        owner=principal.owner_filter,
     )
     return dead_letter_view(row)

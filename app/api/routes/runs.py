@@ -22,11 +22,21 @@ from app.api.deps import (
     RunsWrite,
     SettingsDep,
     SubmitterDep,
+    TenantQuery,
+    read_tenant,
+    visible_run,
     wake_workers,
 )
 from app.api.pagination import decode_token, encode_token, int_position
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
-from app.api.views import dead_letter_view, event_view, render_report_text, run_view, step_view
+from app.api.views import (
+    dead_letter_view,
+    event_view,
+    is_redacted,
+    render_report_text,
+    run_view,
+    step_view,
+)
 from app.auth.principal import Principal
 from app.core import metrics
 from app.core.errors import BadRequest, InvalidInput, RunNotFound
@@ -54,9 +64,9 @@ def parse_run_id(run_id: str) -> uuid.UUID:
         raise RunNotFound(f"run {run_id[:100]!r} not found") from None
 
 
-async def _load(db: DB, principal: Principal, run_id: str) -> Any:
+async def _load(db: DB, principal: Principal, run_id: str, tenant: str | None) -> Any:
     async with db.read() as conn:
-        return await runs_q.get_run(conn, principal.tenant_id, parse_run_id(run_id))
+        return await visible_run(conn, principal, parse_run_id(run_id), tenant)
 
 
 @router.post(
@@ -112,7 +122,10 @@ async def submit_run(
         delay=body.delay,
     )
     row, created = await submitter.submit(
-        req, tenant_id=principal.tenant_id, subject=principal.subject
+        req,
+        tenant_id=principal.tenant_id,
+        subject=principal.subject,
+        api_key_id=principal.api_key_id,
     )
     if created:
         metrics.RUNS_SUBMITTED.labels(body.workflow).inc()
@@ -132,12 +145,15 @@ async def list_runs(
     created_before: datetime | None = None,
     page_token: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
+    tenant: TenantQuery = None,
 ) -> schemas.RunPage:
     """List the tenant's runs, newest first.
 
     Pagination is keyset-based on the time-ordered run id: pages stay stable while runs
-    are inserted. ``page_token`` is opaque and only valid with the same filters.
+    are inserted. ``page_token`` is opaque and only valid with the same filters. Runs of
+    ``owner``-policy workflows appear only to their submitter (and to ``admin``).
     """
+    tenant_id = read_tenant(principal, tenant)
     for value in (created_after, created_before):
         if value is not None and value.tzinfo is None:
             raise BadRequest("created_after/created_before need a timezone (e.g. Z)")
@@ -154,7 +170,7 @@ async def list_runs(
     }
     before = None
     if page_token:
-        position = decode_token(page_token, principal.tenant_id, "runs", filters)
+        position = decode_token(page_token, tenant_id, "runs", filters)
         try:
             before = uuid.UUID(str(position))
         except ValueError:
@@ -162,30 +178,33 @@ async def list_runs(
     async with db.read() as conn:
         rows = await runs_q.list_runs(
             conn,
-            principal.tenant_id,
+            tenant_id,
             workflow=workflow,
             status=filters["status"],
             created_after=created_after,
             created_before=created_before,
             before_run_id=before,
             limit=limit + 1,
+            owner=principal.owner_filter,
         )
     items = [run_view(r) for r in rows[:limit]]
     token = None
     if len(rows) > limit:
-        token = encode_token(principal.tenant_id, "runs", filters, str(rows[limit - 1]["run_id"]))
+        token = encode_token(tenant_id, "runs", filters, str(rows[limit - 1]["run_id"]))
     return schemas.RunPage(items=items, next_page_token=token)
 
 
 @router.get("/{run_id}", operation_id="get_run", response_model=schemas.Run, responses=_PROBLEMS)
-async def get_run(run_id: str, principal: RunsRead, db: DB, settings: SettingsDep) -> schemas.Run:
+async def get_run(
+    run_id: str, principal: RunsRead, db: DB, settings: SettingsDep, tenant: TenantQuery = None
+) -> schemas.Run:
     """Snapshot of one run: status, reason, waits, step counts, lease and timestamps.
 
     ``blocked_reason`` says why a queued run cannot start (e.g. no live worker registered
     its pinned workflow version).
     """
     async with db.read() as conn:
-        row = await runs_q.get_run(conn, principal.tenant_id, parse_run_id(run_id))
+        row = await visible_run(conn, principal, parse_run_id(run_id), tenant)
         counts = await steps_q.count_by_status(conn, row["run_id"])
         blocked = await _blocked(conn, row, settings)
     return run_view(row, counts, blocked)
@@ -224,12 +243,13 @@ async def get_run_result(
     principal: RunsRead,
     db: DB,
     wait: Annotated[float, Query(ge=0, le=300, description="Seconds to long-poll")] = 0,
+    tenant: TenantQuery = None,
 ) -> schemas.RunResult:
     """The run's result: 200 once terminal, 202 if still running after ``wait`` seconds."""
     deadline = time.monotonic() + wait
     pause = 0.02
     while True:
-        row = await _load(db, principal, run_id)
+        row = await _load(db, principal, run_id, tenant)
         done = RunStatus(row["status"]).is_terminal
         if done or time.monotonic() >= deadline:
             break
@@ -264,6 +284,7 @@ async def list_run_steps(
     ] = None,
     page_token: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 100,
+    tenant: TenantQuery = None,
 ) -> schemas.StepPage:
     """The run's steps in call order, with attempts, timings, errors and reasons.
 
@@ -281,10 +302,10 @@ async def list_run_steps(
     }
     after = int_position(page_token, principal.tenant_id, scope, filters)
     async with db.read() as conn:
-        await runs_q.get_run(conn, principal.tenant_id, rid)
+        run = await visible_run(conn, principal, rid, tenant)
         rows = await steps_q.list_steps(
             conn,
-            principal.tenant_id,
+            run["tenant_id"],
             rid,
             after_seq=after,
             limit=limit + 1,
@@ -294,7 +315,10 @@ async def list_run_steps(
     token = None
     if len(rows) > limit:
         token = encode_token(principal.tenant_id, scope, filters, int(rows[limit - 1]["seq"]))
-    return schemas.StepPage(items=[step_view(r) for r in rows[:limit]], next_page_token=token)
+    redacted = is_redacted(run)
+    return schemas.StepPage(
+        items=[step_view(r, redacted) for r in rows[:limit]], next_page_token=token
+    )
 
 
 @router.get(
@@ -309,18 +333,22 @@ async def list_run_events(
     db: DB,
     page_token: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 200,
+    tenant: TenantQuery = None,
 ) -> schemas.EventPage:
     """The run's append-only timeline, oldest first."""
     rid = parse_run_id(run_id)
     scope = f"events:{rid}"
     after = int_position(page_token, principal.tenant_id, scope)
     async with db.read() as conn:
-        await runs_q.get_run(conn, principal.tenant_id, rid)
+        run = await visible_run(conn, principal, rid, tenant)
         rows = await events_q.list_events(conn, rid, after_id=after, limit=limit + 1)
     token = None
     if len(rows) > limit:
         token = encode_token(principal.tenant_id, scope, {}, int(rows[limit - 1]["event_id"]))
-    return schemas.EventPage(items=[event_view(r) for r in rows[:limit]], next_page_token=token)
+    redacted = is_redacted(run)
+    return schemas.EventPage(
+        items=[event_view(r, redacted) for r in rows[:limit]], next_page_token=token
+    )
 
 
 @router.get(
@@ -343,6 +371,7 @@ async def get_run_report(
     settings: SettingsDep,
     format: Annotated[ReportFormat | None, Query(description="json or text")] = None,
     events_limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
+    tenant: TenantQuery = None,
 ) -> Any:
     """The operator's report: run, steps, timeline and dead letters.
 
@@ -352,7 +381,7 @@ async def get_run_report(
     """
     rid = parse_run_id(run_id)
     async with db.read() as conn:
-        row = await runs_q.get_run(conn, principal.tenant_id, rid)
+        row = await visible_run(conn, principal, rid, tenant)
         counts = await steps_q.count_by_status(conn, rid)
         blocked = await _blocked(conn, row, settings)
         step_rows = await steps_q.list_steps(
@@ -361,11 +390,12 @@ async def get_run_report(
         event_rows = await events_q.list_events(conn, rid, after_id=None, limit=events_limit + 1)
         dl_rows = await dl_q.list_for_run(conn, rid)
         now = await fetch_now(conn, db.dialect)
+    redacted = is_redacted(row)
     report = schemas.RunReport(
         generated_at=now,
         run=run_view(row, counts, blocked),
-        steps=[step_view(s) for s in step_rows],
-        events=[event_view(e) for e in event_rows[:events_limit]],
+        steps=[step_view(s, redacted) for s in step_rows],
+        events=[event_view(e, redacted) for e in event_rows[:events_limit]],
         events_truncated=len(event_rows) > events_limit,
         dead_letters=[dead_letter_view(d) for d in dl_rows],
     )
@@ -399,5 +429,6 @@ async def cancel_run(
         run_id=parse_run_id(run_id),
         actor=principal.subject,
         reason=body.reason if body else None,
+        owner=principal.owner_filter,
     )
     return run_view(row)

@@ -37,6 +37,7 @@ async def list_workflows(_: RunsRead, db: DB, settings: SettingsDep) -> schemas.
             schemas.WorkflowVersion(
                 version=r["version"],
                 kind=r["kind"],
+                access=r["access"],
                 input_schema=json.loads(r["input_schema"]),
                 output_schema=json.loads(r["output_schema"]),
                 first_registered_at=r["first_registered_at"],

@@ -26,8 +26,9 @@ async def upsert_definition(
     kind: str,
     input_schema: str,
     output_schema: str,
+    access: str = "tenant",
 ) -> None:
-    """Register (or refresh) one workflow definition version."""
+    """Register (or refresh) one workflow definition version (with its access policy)."""
     now = now_expr(conn.dialect.name)
     stmt = _insert(conn, workflow_definitions).values(
         name=name,
@@ -35,6 +36,7 @@ async def upsert_definition(
         kind=kind,
         input_schema=input_schema,
         output_schema=output_schema,
+        access=access,
         first_registered_at=now,
         last_registered_at=now,
     )
@@ -44,6 +46,7 @@ async def upsert_definition(
             "kind": kind,
             "input_schema": input_schema,
             "output_schema": output_schema,
+            "access": access,
             "last_registered_at": now,
         },
     )

@@ -15,7 +15,9 @@ from sqlalchemy import (
     case,
     func,
     null,
+    or_,
     select,
+    true,
     tuple_,
     type_coerce,
     update,
@@ -103,15 +105,30 @@ async def get_by_idempotency_key(
     return result.mappings().first()
 
 
-async def get_run(conn: AsyncConnection, tenant_id: str, run_id: uuid.UUID) -> RowMapping:
-    """Return one run of this tenant.
+def visible_to(owner: str | None) -> Any:
+    """SQL condition: the run's access policy lets ``owner`` see it.
+
+    ``access='owner'`` runs are visible only to the subject that submitted them; None
+    (engine-internal reads, admins) ignores the policy.
+    """
+    if owner is None:
+        return true()
+    return or_(runs.c.access == "tenant", runs.c.created_by == owner)
+
+
+async def get_run(
+    conn: AsyncConnection, tenant_id: str, run_id: uuid.UUID, *, owner: str | None = None
+) -> RowMapping:
+    """Return one run of this tenant (and, with ``owner``, visible to that subject).
 
     Raises:
-        RunNotFound: no such run *for this tenant*: another tenant's id is
-            indistinguishable from a missing one.
+        RunNotFound: no such run *for this tenant*: another tenant's id, or another
+            subject's owner-policy run, is indistinguishable from a missing one.
     """
     result = await conn.execute(
-        select(runs).where(runs.c.run_id == run_id, runs.c.tenant_id == tenant_id)
+        select(runs).where(
+            runs.c.run_id == run_id, runs.c.tenant_id == tenant_id, visible_to(owner)
+        )
     )
     row = result.mappings().first()
     if row is None:
@@ -135,13 +152,14 @@ async def list_runs(
     created_before: datetime | None,
     before_run_id: uuid.UUID | None,
     limit: int,
+    owner: str | None = None,
 ) -> Sequence[RowMapping]:
     """List a tenant's runs newest first with keyset pagination on the UUIDv7 run id.
 
     Keyset (``run_id < :before``) rather than OFFSET keeps pages stable while new runs are
     inserted: new ids sort above every page already served.
     """
-    stmt = select(runs).where(runs.c.tenant_id == tenant_id)
+    stmt = select(runs).where(runs.c.tenant_id == tenant_id, visible_to(owner))
     if workflow is not None:
         stmt = stmt.where(runs.c.workflow == workflow)
     if status is not None:
@@ -425,16 +443,20 @@ async def make_due(conn: AsyncConnection, *, run_id: uuid.UUID) -> bool:
     return (await conn.execute(stmt)).rowcount == 1
 
 
-async def lock_run(conn: AsyncConnection, tenant_id: str, run_id: uuid.UUID) -> RowMapping:
+async def lock_run(
+    conn: AsyncConnection, tenant_id: str, run_id: uuid.UUID, *, owner: str | None = None
+) -> RowMapping:
     """Read a tenant's run and lock its row until the transaction ends.
 
     Locking orders an external event (signal, decision) against a worker releasing the
     run: whichever commits second sees the other. (SQLite: the write lock already does.)
 
     Raises:
-        RunNotFound: not this tenant's run.
+        RunNotFound: not this tenant's run (or, with ``owner``, not visible to it).
     """
-    stmt = select(runs).where(runs.c.run_id == run_id, runs.c.tenant_id == tenant_id)
+    stmt = select(runs).where(
+        runs.c.run_id == run_id, runs.c.tenant_id == tenant_id, visible_to(owner)
+    )
     if _dialect(conn) == "postgresql":
         stmt = stmt.with_for_update()
     row = (await conn.execute(stmt)).mappings().first()
