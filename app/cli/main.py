@@ -14,6 +14,7 @@ from urllib.parse import quote
 import httpx
 import typer
 
+from app.cli.schedules import schedules_app
 from app.core.settings import Settings, format_settings_error
 
 app = typer.Typer(help="Treadle: durable workflows as a service.", no_args_is_help=True)
@@ -21,8 +22,9 @@ runs_app = typer.Typer(help="Operate on runs through the HTTP API.", no_args_is_
 app.add_typer(runs_app, name="runs")
 dlq_app = typer.Typer(help="Dead letters: list and requeue.", no_args_is_help=True)
 app.add_typer(dlq_app, name="dlq")
+app.add_typer(schedules_app, name="schedules")
 
-EXAMPLE_HANDLERS = ["examples.orders", "examples.onboarding"]
+EXAMPLE_HANDLERS = ["examples.orders", "examples.onboarding", "examples.nightly_report"]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
