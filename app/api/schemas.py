@@ -208,6 +208,14 @@ class WorkflowVersion(BaseModel):
     first_registered_at: datetime
     last_registered_at: datetime
     live_workers: list[str]
+    open_runs: int = Field(
+        default=0, description="The caller's runs of this version not yet finished."
+    )
+    blocked_runs: int = Field(
+        default=0,
+        description="Of those, runs a worker must pick up while no live worker registered "
+        "this version (see blocked_reason on the run; POST /runs/{run_id}/migrate).",
+    )
 
 
 class Workflow(BaseModel):
@@ -343,3 +351,16 @@ class ApiKeyList(BaseModel):
     """``GET /admin/api-keys``."""
 
     items: list[ApiKey]
+
+
+class MigrateRunRequest(BaseModel):
+    """Body of ``POST /runs/{run_id}/migrate``."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    version: (
+        Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_printable)] | int
+    ) = Field(description="A registered version of the run's workflow, newer than its own.")
+    reason: Annotated[str, Field(max_length=1000), AfterValidator(_printable)] | None = Field(
+        default=None, description="Why (recorded in the run_migrated event)."
+    )

@@ -15,6 +15,7 @@ import httpx
 import typer
 
 from app.cli.check import check as check_command
+from app.cli.schedules import schedules_app
 from app.core.settings import AuthMode, Settings, format_settings_error
 
 if TYPE_CHECKING:
@@ -32,7 +33,14 @@ keys_app = typer.Typer(
 )
 app.add_typer(keys_app, name="api-keys")
 
-EXAMPLE_HANDLERS = ["examples.orders", "examples.onboarding", "examples.order_total"]
+app.add_typer(schedules_app, name="schedules")
+
+EXAMPLE_HANDLERS = [
+    "examples.orders",
+    "examples.onboarding",
+    "examples.order_total",
+    "examples.nightly_report",
+]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:

@@ -64,6 +64,12 @@ class ApiKeyNotFound(NotFoundError):
     code = "api_key_not_found"
 
 
+class ScheduleNotFound(NotFoundError):
+    """No schedule with this id is visible to the caller's tenant."""
+
+    code = "schedule_not_found"
+
+
 class ConflictError(TreadleError):
     """The request conflicts with the current state (409)."""
 
@@ -86,6 +92,12 @@ class InvalidState(ConflictError):
     """The run or approval is not in a state that allows this operation (409)."""
 
     code = "invalid_state"
+
+
+class ScheduleNameTaken(ConflictError):
+    """The tenant already has a schedule with this name."""
+
+    code = "schedule_name_taken"
 
 
 class InvalidInput(TreadleError):

@@ -61,3 +61,18 @@ HTTP_DURATION = Histogram(
     ["method", "route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 30),
 )
+SCHEDULE_FIRES = Counter(
+    "treadle_schedule_fires_total",
+    "Schedule ticks fired, by workflow and outcome (started, skipped, buffered, failed).",
+    ["workflow", "outcome"],
+)
+SCHEDULE_TICKS_MISSED = Counter(
+    "treadle_schedule_ticks_missed_total",
+    "Schedule ticks skipped because they were older than the catch-up window.",
+    ["workflow"],
+)
+RUNS_BLOCKED = Gauge(
+    "treadle_runs_blocked",
+    "Open runs whose pinned workflow version no live worker has registered, by workflow.",
+    ["workflow"],
+)

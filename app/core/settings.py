@@ -105,6 +105,12 @@ class Settings(BaseSettings):
         le=60.0,
         description="Retries due sooner than this wait in the worker; later ones release the run.",
     )
+    scheduler_enabled: bool = Field(
+        default=True, description="Run the schedule-firing loop in worker processes."
+    )
+    scheduler_interval_seconds: float = Field(
+        default=1.0, ge=0.01, le=60.0, description="How often a scheduler loop looks for due ticks."
+    )
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)

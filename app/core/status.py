@@ -90,3 +90,4 @@ class EventKind(StrEnum):
     APPROVAL_RESOLVED = "approval_resolved"
     RUN_RESUMED = "run_resumed"
     CHILD_FINISHED = "child_finished"
+    RUN_MIGRATED = "run_migrated"

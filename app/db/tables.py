@@ -234,3 +234,67 @@ api_keys = Table(
     UniqueConstraint("prefix"),
     Index("ix_api_keys_tenant_id_key_id", "tenant_id", "key_id"),
 )
+
+schedules = Table(
+    "schedules",
+    metadata,
+    Column("schedule_id", Uuid, primary_key=True),
+    Column("tenant_id", String(128), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("workflow", String(200), nullable=False),
+    Column("version", String(64), nullable=True),  # None: the latest at each fire
+    Column("input", Text, nullable=False),
+    # Exactly one of ``cron`` (5 fields, evaluated in ``timezone``) and ``at`` (one-off).
+    Column("cron", String(255), nullable=True),
+    Column("timezone", String(64), nullable=False),
+    Column("at", UtcDateTime, nullable=True),
+    Column("overlap", String(32), nullable=False),
+    Column("catchup_window_seconds", Integer, nullable=False),
+    Column("jitter_seconds", Integer, nullable=False),
+    Column("state", String(16), nullable=False),  # active, paused, completed
+    # The nominal time of the next tick, and when it fires (tick + deterministic jitter).
+    # Scheduler loops look for ``next_fire_at <= now`` among active schedules.
+    Column("next_tick_at", UtcDateTime, nullable=True),
+    Column("next_fire_at", UtcDateTime, nullable=True),
+    Column("last_tick_at", UtcDateTime, nullable=True),
+    # buffer_one: the one tick held back until the open run finishes.
+    Column("buffered_tick_at", UtcDateTime, nullable=True),
+    Column("fired_count", BigInteger, nullable=False, server_default=text("0")),
+    Column("missed_count", BigInteger, nullable=False, server_default=text("0")),
+    Column("skipped_count", BigInteger, nullable=False, server_default=text("0")),
+    Column("last_error", Text, nullable=True),
+    Column("created_by", String(255), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    UniqueConstraint("tenant_id", "name"),
+    Index(
+        "ix_schedules_due",
+        "next_fire_at",
+        postgresql_where=text("state = 'active'"),
+        sqlite_where=text("state = 'active'"),
+    ),
+    Index("ix_schedules_tenant_id_schedule_id", "tenant_id", "schedule_id"),
+)
+
+schedule_fires = Table(
+    "schedule_fires",
+    metadata,
+    Column(
+        "schedule_id",
+        Uuid,
+        ForeignKey("schedules.schedule_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    # The nominal tick (not the jittered or late fire time). The primary key on
+    # (schedule_id, tick) is what makes a tick fire exactly once across every process.
+    Column("tick", UtcDateTime, nullable=False),
+    Column("tenant_id", String(128), nullable=False),
+    Column("kind", String(16), nullable=False),  # cron, once, manual
+    Column("outcome", String(16), nullable=False),  # started, skipped, buffered, failed
+    Column("run_id", Uuid, nullable=True),
+    Column("fired_at", UtcDateTime, nullable=False),
+    Column("fired_by", String(255), nullable=False),
+    Column("error", Text, nullable=True),
+    PrimaryKeyConstraint("schedule_id", "tick"),
+    Index("ix_schedule_fires_run_id", "run_id"),
+)

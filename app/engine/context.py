@@ -38,6 +38,7 @@ class ReplayContext(WorkflowContext):
         self.workflow = execution.definition.name
         self._seq = 0
         self._names: dict[str, int] = {}
+        self._patches: dict[str, bool] = {}
 
     def _assign(self, base: str, kind: str, fn_name: str) -> tuple[str, int, RowMapping | None]:
         seq = self._seq
@@ -275,6 +276,56 @@ class ReplayContext(WorkflowContext):
             detached=detached,
         )
 
+    def patched(self, change_id: str) -> bool:
+        """See :meth:`app.sdk.context.WorkflowContext.patched`.
+
+        The decision is made against the journal at the current position: a
+        ``patch:<id>`` marker there → True (replaying a run that took the new path);
+        any journaled step at or after this position → False (the run went past this
+        point on the old code; no position is consumed, so its later steps still line
+        up); nothing there → True, consuming the position and journaling the marker with
+        the run's next write (before any later step can be journaled).
+        """
+        from app.engine.executor import COMPENSATION_SEQ_BASE
+
+        _check_change_id(change_id)
+        known = self._patches.get(change_id)
+        if known is not None:
+            return known
+        step_id = f"patch:{change_id}"
+        at_seq = self._exec.journal_by_seq.get(self._seq)
+        entry = self._exec.journal.get(step_id)
+        if entry is not None and int(entry["seq"]) != self._seq:
+            err = NondeterminismError(
+                f"ctx.patched({change_id!r}) moved: the journal recorded it at position "
+                f"{entry['seq']}, the code now reaches it at {self._seq}"
+            )
+            self._exec.nondeterminism = err
+            raise err
+        if at_seq is not None and at_seq["step_id"] == step_id:
+            decision = True
+            self._seq += 1
+        elif at_seq is not None or any(
+            self._seq < seq < COMPENSATION_SEQ_BASE for seq in self._exec.journal_by_seq
+        ):
+            decision = False
+        else:
+            decision = True
+            self._exec.pending_markers.append((step_id, self._seq, change_id))
+            self._seq += 1
+        self._patches[change_id] = decision
+        return decision
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """See :meth:`app.sdk.context.WorkflowContext.deprecate_patch`."""
+        _check_change_id(change_id)
+        if change_id in self._patches:
+            return
+        at_seq = self._exec.journal_by_seq.get(self._seq)
+        if at_seq is not None and at_seq["step_id"] == f"patch:{change_id}":
+            self._seq += 1  # a run that journaled the marker: keep its positions aligned
+        self._patches[change_id] = True
+
     def now(self) -> Coroutine[Any, Any, datetime]:
         """See :meth:`app.sdk.context.WorkflowContext.now`."""
         return self._value("now", lambda: self._exec.db_now().isoformat(), datetime.fromisoformat)
@@ -297,6 +348,11 @@ class ReplayContext(WorkflowContext):
         return waits.value(
             self._exec, step_id=step_id, seq=seq, entry=entry, produce=produce, decode=decode
         )
+
+
+def _check_change_id(change_id: str) -> None:
+    if not change_id or len(change_id) > 200 or not change_id.isprintable():
+        raise ValueError("change_id must be 1..200 printable characters")
 
 
 async def _raise(exc: BaseException) -> Any:

@@ -228,6 +228,8 @@ class RunExecution:
         self._registered: list[tuple[Compensation, Any]] = []
         # Attempts of each step interrupted by a lost worker (not counted as failures).
         self._lost: dict[str, int] = {}
+        # ctx.patched markers decided this execution, journaled by the next write.
+        self.pending_markers: list[tuple[str, int, str]] = []
 
     def db_now(self) -> datetime:
         """The database clock, estimated from the claim time plus local monotonic time."""
@@ -239,9 +241,26 @@ class RunExecution:
         Raises:
             LeaseLost: the fence moved; nothing was written.
         """
+        markers = list(self.pending_markers)
         async with self.db.write() as conn:
             await runs_q.check_fence(conn, self.run_id, self.fence)
+            # ctx.patched markers go first, in the same transaction: no later step can
+            # be journaled without the marker that decided its path.
+            for step_id, seq, change_id in markers:
+                await steps_q.insert_step(
+                    conn,
+                    run_id=self.run_id,
+                    tenant_id=self.tenant_id,
+                    step_id=step_id,
+                    seq=seq,
+                    kind="patch",
+                    name=change_id,
+                    status=StepStatus.SUCCEEDED,
+                    fence=self.fence,
+                    output="true",
+                )
             await fn(conn)
+        del self.pending_markers[: len(markers)]
 
     async def execute(self) -> Outcome:
         """Replay and advance the run until it completes, fails or must wait.

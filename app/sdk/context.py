@@ -331,6 +331,37 @@ class WorkflowContext(abc.ABC):
     async def random(self) -> float:
         """A random float in [0, 1), journaled."""
 
+    def patched(self, change_id: str) -> bool:
+        """Whether this run takes the new code path of change ``change_id``.
+
+        Use it to change a workflow while runs are in flight, without a new version::
+
+            if ctx.patched("send-receipt"):
+                await ctx.step(send_receipt, order)
+
+        Returns True for runs that reach this point on code that has the call (the answer
+        is journaled as a ``patch:<change_id>`` marker), and False for runs whose journal
+        already went past this point without it (they started on the old code): both
+        replay exactly as they first ran. Repeated calls with one id return the first
+        answer. See docs/authoring.md (Versioning).
+
+        Raises:
+            ValueError: ``change_id`` is empty, over 200 characters or not printable.
+        """
+        raise NotImplementedError
+
+    def deprecate_patch(self, change_id: str) -> None:
+        """Mark change ``change_id`` as the only path, once no run predating it is open.
+
+        Replace ``if ctx.patched(id): new() else: old()`` with ``ctx.deprecate_patch(id);
+        new()``: runs that journaled the marker still replay, new runs record nothing.
+        Remove the call once those runs have finished too.
+
+        Raises:
+            ValueError: ``change_id`` is empty, over 200 characters or not printable.
+        """
+        raise NotImplementedError
+
     @property
     def idempotency_key(self) -> str:
         """``"<run_id>:<step_id>"`` of the step executing now (inside a step only)."""

@@ -37,6 +37,7 @@ from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
 from app.engine.executor import Completed, Failed, Outcome, RunExecution, Suspended
 from app.engine.registry import Registry
+from app.engine.schedules import Scheduler
 from app.engine.submit import NOTIFY_CHANNEL, Submitter, notify
 
 log = structlog.get_logger("treadle.worker")
@@ -91,6 +92,10 @@ class Worker:
         )
         self.stats = WorkerStats()
         self.submitter = Submitter(db, settings)
+        # Every worker also fires schedules; any number of them may (see engine.schedules).
+        self.scheduler = Scheduler(
+            db, settings, submitter=self.submitter, scheduler_id=self.worker_id, on_fire=self.wake
+        )
         self._active: dict[uuid.UUID, _Active] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -133,6 +138,8 @@ class Worker:
         helpers = [asyncio.create_task(self._heartbeat_loop())]
         if self.db.dialect == "postgresql":
             helpers.append(asyncio.create_task(self._listen_loop()))
+        if self.settings.scheduler_enabled:
+            helpers.append(asyncio.create_task(self.scheduler.run()))
         try:
             await self._claim_loop()
         finally:

@@ -13,6 +13,7 @@ from app.core import metrics
 from app.core.status import RunStatus
 from app.db.queries import runs as runs_q
 from app.db.tables import dead_letters
+from app.engine import versioning
 
 router = APIRouter(tags=["operations"])
 
@@ -35,8 +36,13 @@ async def _refresh_gauges(request: Request, db: DB) -> None:
                 .where(dead_letters.c.status == "pending")
             )
         ).scalar_one()
+        blocked = await versioning.blocked_counts(conn, request.app.state.settings)
     for status in RunStatus:
         metrics.RUNS_BY_STATUS.labels(status.value).set(counts.get(status.value, 0))
+    # Workflows that had blocked runs and have none now must read 0, not the old value.
+    for workflow in set(getattr(state, "blocked_workflows", ())) | set(blocked):
+        metrics.RUNS_BLOCKED.labels(workflow).set(blocked.get(workflow, 0))
+    state.blocked_workflows = set(blocked) | set(getattr(state, "blocked_workflows", ()))
     metrics.DEAD_LETTERS_PENDING.set(int(pending))
 
 
@@ -54,7 +60,8 @@ async def _refresh_gauges(request: Request, db: DB) -> None:
 async def get_metrics(request: Request, db: DB) -> Response:
     """Prometheus metrics of this API process (no token: restrict it at the network).
 
-    Includes runs by status and pending dead letters across all tenants (counts only,
+    Includes runs by status, blocked runs (``treadle_runs_blocked``: open runs of a
+    version no live worker registered) and pending dead letters across all tenants (counts only,
     refreshed at most every 5 seconds), submissions, and HTTP request metrics by route
     template. Workers expose their own metrics with ``treadle worker --metrics-port``.
     """

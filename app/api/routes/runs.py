@@ -211,7 +211,9 @@ async def get_run(
 
 
 async def _blocked(conn: AsyncConnection, row: RowMapping, settings: Settings) -> str | None:
-    if row["status"] not in _NEEDS_WORKER:
+    # Open runs a worker must pick up at some time (due, retry, timer, deadline, lease):
+    # a decided approval of a version nobody runs any more is blocked, not "waiting".
+    if RunStatus(row["status"]).is_terminal or row["available_at"] is None:
         return None
     return await defs_q.blocked_reason(
         conn,
@@ -219,16 +221,6 @@ async def _blocked(conn: AsyncConnection, row: RowMapping, settings: Settings) -
         version=row["version"],
         within_seconds=2 * settings.lease_ttl_seconds,
     )
-
-
-# Statuses in which a run needs a worker for its version to make progress.
-_NEEDS_WORKER = {
-    RunStatus.QUEUED.value,
-    RunStatus.RETRYING.value,
-    RunStatus.WAITING_TIMER.value,
-    RunStatus.CANCELLING.value,
-    RunStatus.COMPENSATING.value,
-}
 
 
 @router.get(

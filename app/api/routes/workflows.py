@@ -9,6 +9,7 @@ from app.api.deps import DB, RunsRead, SettingsDep
 from app.api.problems import PROBLEM_RESPONSES
 from app.core import json
 from app.db.queries import definitions as defs_q
+from app.db.queries import runs as runs_q
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])
 
@@ -19,14 +20,23 @@ router = APIRouter(prefix="/workflows", tags=["workflows"])
     response_model=schemas.WorkflowList,
     responses={k: v for k, v in PROBLEM_RESPONSES.items() if k in (401, 403)},
 )
-async def list_workflows(_: RunsRead, db: DB, settings: SettingsDep) -> schemas.WorkflowList:
+async def list_workflows(
+    principal: RunsRead, db: DB, settings: SettingsDep
+) -> schemas.WorkflowList:
     """Every registered workflow with its versions, JSON Schemas and live workers.
 
-    A worker is live if it heartbeated within two lease TTLs and has not stopped.
+    A worker is live if it heartbeated within two lease TTLs and has not stopped. Per
+    version, ``open_runs`` counts the caller's runs not yet finished (so an old version
+    can be retired once it reaches 0) and ``blocked_runs`` those among them that need a
+    worker while no live worker registered the version.
     """
     async with db.read() as conn:
         rows = await defs_q.list_definitions(conn)
         workers = await defs_q.live_workers(conn, within_seconds=2 * settings.lease_ttl_seconds)
+        open_runs = await runs_q.count_open_by_version(conn, tenant_id=principal.tenant_id)
+        claimable = await runs_q.count_open_by_version(
+            conn, tenant_id=principal.tenant_id, claimable_only=True
+        )
     runs_by_key: dict[str, list[str]] = {}
     for w in workers:
         for key in json.loads(w["definitions"]):
@@ -43,6 +53,10 @@ async def list_workflows(_: RunsRead, db: DB, settings: SettingsDep) -> schemas.
                 first_registered_at=r["first_registered_at"],
                 last_registered_at=r["last_registered_at"],
                 live_workers=sorted(runs_by_key.get(f"{r['name']}@{r['version']}", [])),
+                open_runs=open_runs.get((r["name"], r["version"]), 0),
+                blocked_runs=0
+                if f"{r['name']}@{r['version']}" in runs_by_key
+                else claimable.get((r["name"], r["version"]), 0),
             )
         )
     return schemas.WorkflowList(

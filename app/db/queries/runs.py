@@ -507,3 +507,41 @@ async def count_by_status(conn: AsyncConnection) -> dict[str, int]:
 def terminal_filter() -> Any:
     """SQL condition: the run is terminal."""
     return runs.c.status.in_([s.value for s in TERMINAL_RUN_STATUSES])
+
+
+async def set_version(conn: AsyncConnection, *, run_id: uuid.UUID, version: str) -> RowMapping:
+    """Re-pin a run to another definition version (``POST /runs/{id}/migrate``).
+
+    The fence advances, so a worker still holding an old lease can never commit again.
+    """
+    stmt = (
+        update(runs)
+        .where(runs.c.run_id == run_id)
+        .values(
+            version=version,
+            fence=runs.c.fence + 1,
+            blocked_reason=None,
+            updated_at=now_expr(_dialect(conn)),
+        )
+        .returning(*runs.c)
+    )
+    return (await conn.execute(stmt)).mappings().one()
+
+
+async def count_open_by_version(
+    conn: AsyncConnection, *, tenant_id: str | None, claimable_only: bool = False
+) -> dict[tuple[str, str], int]:
+    """Open (non-terminal) runs per ``(workflow, version)``; one tenant's, or all (None).
+
+    ``claimable_only``: only runs a worker must pick up at some time (``available_at``
+    set: due, retrying, timers, deadlines, leases), i.e. the ones a missing worker blocks.
+    """
+    stmt = select(runs.c.workflow, runs.c.version, func.count()).where(
+        runs.c.status.not_in([s.value for s in TERMINAL_RUN_STATUSES])
+    )
+    if tenant_id is not None:
+        stmt = stmt.where(runs.c.tenant_id == tenant_id)
+    if claimable_only:
+        stmt = stmt.where(runs.c.available_at.is_not(None))
+    stmt = stmt.group_by(runs.c.workflow, runs.c.version)
+    return {(w, v): int(n) for w, v, n in (await conn.execute(stmt)).all()}

@@ -1,6 +1,6 @@
 """The test kit's virtual clock and the SQLite ``strftime`` that reads it.
 
-See docs/adr/0005-test-kit-virtual-clock.md: on the kit's own connections ``strftime(…,
+See docs/adr/0006-test-kit-virtual-clock.md: on the kit's own connections ``strftime(…,
 'now')``, which is how :mod:`app.db.dialect` reads the database clock on SQLite, returns
 the virtual time instead of the host's.
 """

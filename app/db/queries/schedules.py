@@ -1,0 +1,277 @@
+"""Queries on ``schedules`` and ``schedule_fires``.
+
+Every tenant-facing query filters on ``tenant_id``; the scheduler's own queries (due
+schedules, locking one for a pass) work across tenants because a scheduler loop serves the
+whole database.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import RowMapping, delete, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core.errors import ScheduleNameTaken, ScheduleNotFound
+from app.core.status import TERMINAL_RUN_STATUSES
+from app.db.dialect import now_expr
+from app.db.tables import runs, schedule_fires, schedules
+
+_TERMINAL = [s.value for s in TERMINAL_RUN_STATUSES]
+
+
+def _insert(conn: AsyncConnection, table: Any) -> Any:
+    return (postgresql if conn.dialect.name == "postgresql" else sqlite).insert(table)
+
+
+async def insert_schedule(conn: AsyncConnection, values: dict[str, Any]) -> RowMapping:
+    """Insert a schedule (``created_at``/``updated_at`` from the database clock).
+
+    Raises:
+        ScheduleNameTaken: the tenant already has a schedule with this name (409).
+    """
+    now = now_expr(conn.dialect.name)
+    stmt = (
+        _insert(conn, schedules)
+        .values({**values, "created_at": now, "updated_at": now})
+        .on_conflict_do_nothing(index_elements=["tenant_id", "name"])
+        .returning(*schedules.c)
+    )
+    row = (await conn.execute(stmt)).mappings().first()
+    if row is None:
+        raise ScheduleNameTaken(
+            f"a schedule named {values['name']!r} already exists", name=values["name"]
+        )
+    return row
+
+
+async def get_schedule(
+    conn: AsyncConnection, tenant_id: str, schedule_id: uuid.UUID, *, lock: bool = False
+) -> RowMapping:
+    """Return one schedule of this tenant (``lock``: ``FOR UPDATE`` on PostgreSQL).
+
+    Raises:
+        ScheduleNotFound: no such schedule *for this tenant* (another tenant's id too).
+    """
+    stmt = select(schedules).where(
+        schedules.c.schedule_id == schedule_id, schedules.c.tenant_id == tenant_id
+    )
+    if lock and conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    row = (await conn.execute(stmt)).mappings().first()
+    if row is None:
+        raise ScheduleNotFound(f"schedule {schedule_id} not found", schedule_id=str(schedule_id))
+    return row
+
+
+async def list_schedules(
+    conn: AsyncConnection,
+    tenant_id: str,
+    *,
+    workflow: str | None,
+    state: str | None,
+    before_id: uuid.UUID | None,
+    limit: int,
+) -> Sequence[RowMapping]:
+    """A tenant's schedules, newest first, keyset-paginated on the UUIDv7 id."""
+    stmt = select(schedules).where(schedules.c.tenant_id == tenant_id)
+    if workflow is not None:
+        stmt = stmt.where(schedules.c.workflow == workflow)
+    if state is not None:
+        stmt = stmt.where(schedules.c.state == state)
+    if before_id is not None:
+        stmt = stmt.where(schedules.c.schedule_id < before_id)
+    stmt = stmt.order_by(schedules.c.schedule_id.desc()).limit(limit)
+    return (await conn.execute(stmt)).mappings().all()
+
+
+async def update_schedule(
+    conn: AsyncConnection, schedule_id: uuid.UUID, values: dict[str, Any]
+) -> RowMapping:
+    """Update one schedule (``updated_at`` from the database clock); returns the new row.
+
+    Raises:
+        ScheduleNameTaken: a rename collides with another schedule of the tenant (409).
+    """
+    stmt = (
+        update(schedules)
+        .where(schedules.c.schedule_id == schedule_id)
+        .values({**values, "updated_at": now_expr(conn.dialect.name)})
+        .returning(*schedules.c)
+    )
+    try:
+        async with conn.begin_nested():
+            return (await conn.execute(stmt)).mappings().one()
+    except IntegrityError as exc:
+        if "uq_schedules_tenant_id_name" in str(exc.orig) or "schedules.tenant_id" in str(exc.orig):
+            raise ScheduleNameTaken(
+                f"a schedule named {values.get('name')!r} already exists", name=values.get("name")
+            ) from None
+        raise
+
+
+async def delete_schedule(conn: AsyncConnection, tenant_id: str, schedule_id: uuid.UUID) -> None:
+    """Delete a schedule and its fire records (runs it started are kept).
+
+    Raises:
+        ScheduleNotFound: not this tenant's schedule.
+    """
+    result = await conn.execute(
+        delete(schedules).where(
+            schedules.c.schedule_id == schedule_id, schedules.c.tenant_id == tenant_id
+        )
+    )
+    if result.rowcount == 0:
+        raise ScheduleNotFound(f"schedule {schedule_id} not found", schedule_id=str(schedule_id))
+
+
+async def due_schedule_ids(
+    conn: AsyncConnection, *, now: datetime, limit: int
+) -> Sequence[uuid.UUID]:
+    """Active schedules whose next fire time has come, or that hold a buffered tick.
+
+    Served by the partial index ``ix_schedules_due`` (active schedules only).
+    """
+    due = (
+        select(schedules.c.schedule_id)
+        .where(schedules.c.state == "active", schedules.c.next_fire_at <= now)
+        .order_by(schedules.c.next_fire_at)
+        .limit(limit)
+    )
+    buffered = (
+        select(schedules.c.schedule_id)
+        .where(schedules.c.state == "active", schedules.c.buffered_tick_at.is_not(None))
+        .limit(limit)
+    )
+    ids = list((await conn.execute(due)).scalars().all())
+    for extra in (await conn.execute(buffered)).scalars().all():
+        if extra not in ids:
+            ids.append(extra)
+    return ids
+
+
+async def lock_for_pass(conn: AsyncConnection, schedule_id: uuid.UUID) -> RowMapping | None:
+    """Lock one active schedule for a scheduler pass, or None if another pass holds it.
+
+    PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so racing scheduler loops spread over
+    schedules instead of queueing on one row. SQLite: the write transaction
+    (``BEGIN IMMEDIATE``) already serialises passes. Neither lock is what guarantees a tick
+    fires once: the ``schedule_fires`` primary key is (see :func:`insert_fire`).
+    """
+    stmt = select(schedules).where(
+        schedules.c.schedule_id == schedule_id, schedules.c.state == "active"
+    )
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    return (await conn.execute(stmt)).mappings().first()
+
+
+async def open_run_ids(conn: AsyncConnection, schedule_id: uuid.UUID) -> list[uuid.UUID]:
+    """Runs started by this schedule that have not reached a terminal status."""
+    stmt = (
+        select(schedule_fires.c.run_id)
+        .join(runs, runs.c.run_id == schedule_fires.c.run_id)
+        .where(
+            schedule_fires.c.schedule_id == schedule_id,
+            runs.c.status.not_in(_TERMINAL),
+        )
+        .order_by(schedule_fires.c.tick)
+    )
+    return list((await conn.execute(stmt)).scalars().all())
+
+
+async def insert_fire(
+    conn: AsyncConnection,
+    *,
+    schedule_id: uuid.UUID,
+    tenant_id: str,
+    tick: datetime,
+    kind: str,
+    outcome: str,
+    fired_at: datetime,
+    fired_by: str,
+    error: str | None = None,
+) -> bool:
+    """Record that ``tick`` fired; False if it already had (someone else fired it).
+
+    ``ON CONFLICT DO NOTHING`` on the ``(schedule_id, tick)`` primary key: of any number
+    of processes trying to fire one tick, exactly one inserts, whatever they believed.
+    """
+    stmt = (
+        _insert(conn, schedule_fires)
+        .values(
+            schedule_id=schedule_id,
+            tenant_id=tenant_id,
+            tick=tick,
+            kind=kind,
+            outcome=outcome,
+            fired_at=fired_at,
+            fired_by=fired_by,
+            error=error,
+        )
+        .on_conflict_do_nothing(index_elements=["schedule_id", "tick"])
+    )
+    result = await conn.execute(stmt)
+    return bool(result.rowcount)
+
+
+async def set_fire(
+    conn: AsyncConnection,
+    *,
+    schedule_id: uuid.UUID,
+    tick: datetime,
+    outcome: str,
+    run_id: uuid.UUID | None = None,
+    error: str | None = None,
+    only_if_outcome: str | None = None,
+) -> bool:
+    """Update a fire record; with ``only_if_outcome``, only from that outcome.
+
+    Returns:
+        True if a row changed (used to start a buffered tick exactly once).
+    """
+    stmt = update(schedule_fires).where(
+        schedule_fires.c.schedule_id == schedule_id, schedule_fires.c.tick == tick
+    )
+    if only_if_outcome is not None:
+        stmt = stmt.where(schedule_fires.c.outcome == only_if_outcome)
+    result = await conn.execute(stmt.values(outcome=outcome, run_id=run_id, error=error))
+    return bool(result.rowcount)
+
+
+async def get_fire(conn: AsyncConnection, schedule_id: uuid.UUID, tick: datetime) -> RowMapping:
+    """One fire record (it must exist: the caller just wrote it)."""
+    stmt = select(schedule_fires).where(
+        schedule_fires.c.schedule_id == schedule_id, schedule_fires.c.tick == tick
+    )
+    return (await conn.execute(stmt)).mappings().one()
+
+
+async def list_fires(
+    conn: AsyncConnection,
+    schedule_id: uuid.UUID,
+    *,
+    before_tick: datetime | None,
+    limit: int,
+) -> Sequence[RowMapping]:
+    """A schedule's fire records, newest tick first (keyset on the tick)."""
+    stmt = select(schedule_fires).where(schedule_fires.c.schedule_id == schedule_id)
+    if before_tick is not None:
+        stmt = stmt.where(schedule_fires.c.tick < before_tick)
+    stmt = stmt.order_by(schedule_fires.c.tick.desc()).limit(limit)
+    return (await conn.execute(stmt)).mappings().all()
+
+
+async def count_fires(conn: AsyncConnection, schedule_id: uuid.UUID) -> int:
+    """How many ticks of this schedule have a fire record."""
+    stmt = (
+        select(func.count())
+        .select_from(schedule_fires)
+        .where(schedule_fires.c.schedule_id == schedule_id)
+    )
+    return int((await conn.execute(stmt)).scalar_one())
