@@ -16,7 +16,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import problems
-from app.api.routes import dead_letters, health, metrics, run_actions, runs, workflows
+from app.api.routes import admin, dead_letters, health, metrics, run_actions, runs, workflows
 from app.auth.authenticator import Authenticator
 from app.core import metrics as core_metrics
 from app.core.settings import Settings
@@ -224,6 +224,7 @@ def create_app(
     app.include_router(run_actions.router)
     app.include_router(dead_letters.router)
     app.include_router(workflows.router)
+    app.include_router(admin.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
     app.add_middleware(BodyLimit, limit=settings.max_payload_bytes + _ENVELOPE_BYTES)
