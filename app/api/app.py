@@ -20,6 +20,7 @@ from app.api.routes import (
     admin,
     dead_letters,
     health,
+    maintenance,
     metrics,
     migrate,
     run_actions,
@@ -238,6 +239,7 @@ def create_app(
     app.include_router(dead_letters.router)
     app.include_router(workflows.router)
     app.include_router(admin.router)
+    app.include_router(maintenance.router)
     app.include_router(schedules.router)
     app.include_router(health.router)
     app.include_router(metrics.router)

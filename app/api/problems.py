@@ -44,6 +44,7 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: _problem_doc("Missing scope"),
     404: _problem_doc("Not found (for this tenant)"),
     422: _problem_doc("Invalid request"),
+    503: _problem_doc("Database unavailable or schema not at head; retry after Retry-After"),
 }
 """OpenAPI ``responses=`` shared by every authenticated route."""
 

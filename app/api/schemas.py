@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
 
 
 def _printable(value: str) -> str:
@@ -28,7 +29,19 @@ WorkflowName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-
 class SubmitRunRequest(BaseModel):
     """Body of ``POST /runs``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "workflow": "orders.fulfil",
+                    "input": {"order_id": "A-1001", "items": [{"sku": "SKU-1", "qty": 2}]},
+                    "idempotency_key": "order-A-1001",
+                }
+            ]
+        },
+    )
 
     workflow: WorkflowName = Field(description="Registered workflow name.")
     input: Any = Field(
@@ -52,7 +65,11 @@ class SubmitRunRequest(BaseModel):
 class CancelRunRequest(BaseModel):
     """Body of ``POST /runs/{run_id}/cancel`` (optional)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"reason": "customer withdrew the order"}]},
+    )
 
     reason: Annotated[str, Field(max_length=1000), AfterValidator(_printable)] | None = None
 
@@ -100,6 +117,12 @@ class Run(BaseModel):
     updated_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    compacted_at: datetime | None = Field(
+        default=None,
+        description="Set once maintenance compaction cleared this finished run's payloads: "
+        "input, output, step outputs and event data then read as null (statuses, errors and "
+        "timings are kept).",
+    )
 
 
 class RunPage(BaseModel):
@@ -111,6 +134,21 @@ class RunPage(BaseModel):
 
 class RunResult(BaseModel):
     """``GET /runs/{run_id}/result``: ``done`` tells whether the run is terminal."""
+
+    model_config = ConfigDict(
+        json_schema_extra={
+            "examples": [
+                {
+                    "run_id": "0193a5f2-7c1e-7b3a-9f00-2b8c4d1e5a6f",
+                    "done": True,
+                    "status": "completed",
+                    "reason": "succeeded",
+                    "output": {"shipment_id": "S-77"},
+                    "error": None,
+                }
+            ]
+        }
+    )
 
     run_id: uuid.UUID
     done: bool
@@ -238,17 +276,47 @@ class Health(BaseModel):
     detail: str | None = None
 
 
+class ProblemFieldError(BaseModel):
+    """One invalid field of a 422 problem."""
+
+    path: str = Field(description="Dotted path of the field, e.g. ``body.input.items.0.qty``.")
+    message: str
+
+
 class Problem(BaseModel):
-    """RFC 9457 problem details (``application/problem+json``)."""
+    """RFC 9457 problem details (``application/problem+json``).
 
-    model_config = ConfigDict(extra="allow")
+    ``code`` is the stable machine-readable identifier to branch on (``run_not_found``,
+    ``run_archived``, ``idempotency_key_reused``, ``payload_too_large``,
+    ``ceiling_exceeded``, …); further members carry the error's data (``required_scope``,
+    ``ceiling``, ``limit``, ``limit_bytes``, ``archived_at``, …).
+    """
 
-    type: str
+    model_config = ConfigDict(
+        extra="allow",
+        json_schema_extra={
+            "examples": [
+                {
+                    "type": "urn:treadle:problem:run_not_found",
+                    "title": "Not Found",
+                    "status": 404,
+                    "detail": "run 0193a5f2-7c1e-7b3a-9f00-2b8c4d1e5a6f not found",
+                    "instance": "/runs/0193a5f2-7c1e-7b3a-9f00-2b8c4d1e5a6f",
+                    "code": "run_not_found",
+                }
+            ]
+        },
+    )
+
+    type: str = Field(description="``urn:treadle:problem:<code>``.")
     title: str
     status: int
-    detail: str
-    instance: str | None = None
-    code: str
+    detail: str = Field(description="Human-readable explanation.")
+    instance: str | None = Field(default=None, description="The request path.")
+    code: str = Field(description="Stable error code to branch on.")
+    errors: list[ProblemFieldError] | None = Field(
+        default=None, description="Invalid fields (422 responses)."
+    )
 
 
 StepKey = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.\-#:]+$")]
@@ -257,7 +325,11 @@ StepKey = Annotated[str, Field(min_length=1, max_length=255, pattern=r"^[A-Za-z0
 class SendSignalRequest(BaseModel):
     """Body of ``POST /runs/{run_id}/signals/{name}`` (optional)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"payload": {"tracking": "1Z999"}}]},
+    )
 
     payload: Any = Field(default=None, description="JSON delivered to the waiting workflow.")
 
@@ -273,7 +345,11 @@ class SignalAccepted(BaseModel):
 class ApprovalDecisionRequest(BaseModel):
     """Body of ``POST /runs/{run_id}/approvals/{step_id}``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"decision": "approve", "comment": "looks right"}]},
+    )
 
     decision: Literal["approve", "reject"]
     payload: Any = None
@@ -293,7 +369,13 @@ class ApprovalDecisionResult(BaseModel):
 class RequeueRequest(BaseModel):
     """Body of ``POST /dead-letters/{id}/requeue`` and ``POST /runs/{id}/retry``."""
 
-    model_config = ConfigDict(extra="forbid", strict=True)
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [{"reason": "payment provider fixed", "correlation_id": "INC-4521"}]
+        },
+    )
 
     reason: Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_printable)]
     correlation_id: Identifier | None = None
@@ -364,3 +446,59 @@ class MigrateRunRequest(BaseModel):
     reason: Annotated[str, Field(max_length=1000), AfterValidator(_printable)] | None = Field(
         default=None, description="Why (recorded in the run_migrated event)."
     )
+
+
+class MaintenanceTier(StrEnum):
+    """A maintenance tier (see docs/operations.md)."""
+
+    COMPACTION = "compaction"
+    ARCHIVAL = "archival"
+    AUDIT = "audit"
+
+
+class MaintenanceRequest(BaseModel):
+    """Body of ``POST /admin/maintenance``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"dry_run": True, "tiers": ["compaction", "archival"]}]},
+    )
+
+    dry_run: bool = Field(
+        default=False,
+        description="Do the work in one transaction, roll it back, and report the counts.",
+    )
+    # Not strict: JSON carries the tier as a string, which strict mode would refuse.
+    tiers: list[Annotated[MaintenanceTier, Strict(False)]] = Field(
+        default_factory=lambda: list(MaintenanceTier),
+        min_length=1,
+        max_length=3,
+        description="Tiers to run (always applied compaction, archival, audit); default all.",
+    )
+
+
+class MaintenanceTierReport(BaseModel):
+    """What one maintenance tier touched (or would touch, in a dry run)."""
+
+    tier: MaintenanceTier
+    window_days: float = Field(description="The tier's retention window from settings.")
+    cutoff: datetime = Field(description="Rows older than this (database clock) were eligible.")
+    batches: int = Field(description="Transactions used (TREADLE_MAINTENANCE_BATCH_SIZE each).")
+    touched: dict[str, int] = Field(description="Rows changed, moved or deleted per table.")
+
+
+class MaintenanceReport(BaseModel):
+    """Result of ``POST /admin/maintenance``."""
+
+    dry_run: bool
+    started_at: datetime
+    duration_seconds: float
+    tiers: list[MaintenanceTierReport]
+
+
+class ReportFormat(StrEnum):
+    """``format`` of ``GET /runs/{run_id}/report``."""
+
+    JSON = "json"
+    TEXT = "text"

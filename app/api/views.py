@@ -67,6 +67,7 @@ def run_view(
         updated_at=row["updated_at"],
         started_at=row["started_at"],
         finished_at=row["finished_at"],
+        compacted_at=row["compacted_at"],
     )
 
 
@@ -158,6 +159,8 @@ def render_report_text(report: schemas.RunReport) -> str:
         )
     if r.blocked_reason:
         lines.append(f"blocked      {r.blocked_reason}")
+    if r.compacted_at is not None:
+        lines.append(f"compacted    {r.compacted_at.isoformat()} (payloads cleared by maintenance)")
     if r.output is not None:
         lines.append(f"output       {_short(r.output, 300)}")
     if r.error is not None:

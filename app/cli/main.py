@@ -7,6 +7,7 @@ import json as stdjson
 import os
 import sys
 from collections.abc import Awaitable, Callable, Coroutine
+from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 from urllib.parse import quote
@@ -32,6 +33,11 @@ keys_app = typer.Typer(
     no_args_is_help=True,
 )
 app.add_typer(keys_app, name="api-keys")
+maintenance_app = typer.Typer(
+    help="Maintenance tiers on the database (like migrate: talks to it directly).",
+    no_args_is_help=True,
+)
+app.add_typer(maintenance_app, name="maintenance")
 
 app.add_typer(schedules_app, name="schedules")
 
@@ -319,6 +325,77 @@ def keys_revoke(key_id: str, tenant: TENANT) -> None:
         typer.echo(f"revoked {row['key_id']} at {row['revoked_at'].isoformat()}")
 
     _keys_run(work)
+
+
+class OutputFormat(StrEnum):
+    """``--format`` of commands that print a report."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
+class TierOption(StrEnum):
+    """``--tier`` values (mirrors ``app.engine.maintenance.Tier``)."""
+
+    COMPACTION = "compaction"
+    ARCHIVAL = "archival"
+    AUDIT = "audit"
+
+
+@maintenance_app.command("run")
+def maintenance_run(
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Do the work in a transaction, then roll back")
+    ] = False,
+    output: Annotated[OutputFormat, typer.Option("--format", help="text or json")] = (
+        OutputFormat.TEXT
+    ),
+    tier: Annotated[
+        list[TierOption] | None,
+        typer.Option("--tier", help="Run only this tier (repeatable); default all"),
+    ] = None,
+) -> None:
+    """Compact, archive and trim finished runs of every tenant (windows from TREADLE_*).
+
+    Compaction clears payloads of runs finished more than TREADLE_COMPACTION_AFTER_DAYS
+    ago, archival moves runs finished more than TREADLE_ARCHIVAL_AFTER_DAYS ago to the
+    archive, audit trimming deletes events and dead letters older than
+    TREADLE_AUDIT_RETENTION_DAYS. Live runs are never touched.
+    """
+    from app.core.logging import configure_logging
+    from app.engine.maintenance import ALL_TIERS, MaintenanceReport, Tier, run_maintenance
+
+    settings = load_settings()
+    configure_logging(settings)  # logs on stderr: stdout is the report
+    tiers = [Tier(t.value) for t in tier] if tier else list(ALL_TIERS)
+    result: list[MaintenanceReport] = []
+
+    async def go() -> None:
+        from app.db.database import Database
+        from app.db.migrations import check_schema
+
+        db = Database(settings)
+        try:
+            await check_schema(db)
+            result.append(await run_maintenance(db, settings, tiers=tiers, dry_run=dry_run))
+        finally:
+            await db.dispose()
+
+    _run(go())
+    if not result:
+        raise typer.Exit(1)
+    report = result[0]
+    if output is OutputFormat.JSON:
+        typer.echo(stdjson.dumps(report.as_dict(), indent=2))
+        return
+    head = "DRY RUN (rolled back): would touch" if report.dry_run else "touched"
+    typer.echo(f"maintenance {head} — {report.duration_seconds:.2f} s")
+    for t in report.tiers:
+        counts = ", ".join(f"{n} {table}" for table, n in t.touched.items()) or "nothing"
+        typer.echo(
+            f"  {t.tier.value:<10} older than {t.window_days:g} days "
+            f"(before {t.cutoff.isoformat()}): {counts} in {t.batches} batch(es)"
+        )
 
 
 # --- operator commands over HTTP -------------------------------------------------------

@@ -40,6 +40,16 @@ class RunNotFound(NotFoundError):
     code = "run_not_found"
 
 
+class RunArchived(RunNotFound):
+    """The run was moved to the archive by maintenance (404, code ``run_archived``).
+
+    Only its summary survives (``data``: ``run_status``, ``reason``, ``finished_at``,
+    ``archived_at``); steps, events and dead letters were dropped.
+    """
+
+    code = "run_archived"
+
+
 class WorkflowNotFound(NotFoundError):
     """No worker has registered this workflow (or this version of it)."""
 

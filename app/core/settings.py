@@ -85,7 +85,70 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(
         default=1_048_576, ge=1024, le=64 * 1_048_576, description="Ceiling on one JSON payload."
     )
-    max_steps_per_run: int = Field(default=10_000, ge=1, le=1_000_000)
+    max_steps_per_run: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description="Ceiling on journaled steps (steps, waits, children, values) of one run; "
+        "the next new step fails the run (error type CeilingExceeded).",
+    )
+    max_attempts_per_step: int = Field(
+        default=100,
+        ge=1,
+        le=10_000,
+        description="Ceiling on attempts of one step, lost ones included, whatever its "
+        "RetryPolicy says; the step then fails (failure_attempts_exhausted).",
+    )
+    max_events_per_run: int = Field(
+        default=100_000,
+        ge=100,
+        le=100_000_000,
+        description="Ceiling on a run's timeline rows, counted when a worker resumes the run; "
+        "a run over it fails at its next new step (error type CeilingExceeded).",
+    )
+    max_signals_buffered_per_run: int = Field(
+        default=1_000,
+        ge=1,
+        le=1_000_000,
+        description="Ceiling on signals sent to a run and not yet consumed; further signals "
+        "are refused (422, code ceiling_exceeded) until the run consumes some.",
+    )
+    max_children_per_run: int = Field(
+        default=1_000,
+        ge=1,
+        le=1_000_000,
+        description="Ceiling on child runs one run may start; the next ctx.child fails the "
+        "run (error type CeilingExceeded).",
+    )
+
+    compaction_after_days: float = Field(
+        default=7.0,
+        ge=0,
+        le=36_500,
+        description="Maintenance compaction: clear the payloads (input, output, step results, "
+        "event data, signal and decision payloads) of runs finished more than this many days "
+        "ago. This is the operational window: until then a run reads in full.",
+    )
+    archival_after_days: float = Field(
+        default=30.0,
+        ge=0,
+        le=36_500,
+        description="Maintenance archival: move runs finished more than this many days ago to "
+        "runs_archive and drop their steps, events, signals, decisions and dead letters.",
+    )
+    audit_retention_days: float = Field(
+        default=90.0,
+        ge=0,
+        le=36_500,
+        description="Maintenance audit trimming: delete events and dead letters (of finished "
+        "runs) older than this many days.",
+    )
+    maintenance_batch_size: int = Field(
+        default=500,
+        ge=1,
+        le=10_000,
+        description="Runs (or rows, for audit trimming) per maintenance transaction.",
+    )
 
     max_lost_attempts: int = Field(
         default=3,
@@ -161,6 +224,24 @@ class Settings(BaseSettings):
         if self.poll_interval_seconds >= self.lease_ttl_seconds:
             raise ValueError(
                 "TREADLE_POLL_INTERVAL_SECONDS must be less than TREADLE_LEASE_TTL_SECONDS"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_retention(self) -> Self:
+        # Runs stay whole for the operational window; shorter audit or archival windows
+        # would delete what operators are promised they can still read.
+        if self.audit_retention_days < self.compaction_after_days:
+            raise ValueError(
+                f"TREADLE_AUDIT_RETENTION_DAYS ({self.audit_retention_days:g}) is shorter than "
+                f"the operational window TREADLE_COMPACTION_AFTER_DAYS "
+                f"({self.compaction_after_days:g}): audit records must outlive it"
+            )
+        if self.archival_after_days < self.compaction_after_days:
+            raise ValueError(
+                f"TREADLE_ARCHIVAL_AFTER_DAYS ({self.archival_after_days:g}) is shorter than "
+                f"the operational window TREADLE_COMPACTION_AFTER_DAYS "
+                f"({self.compaction_after_days:g})"
             )
         return self
 

@@ -105,6 +105,8 @@ runs = Table(
     Column("updated_at", UtcDateTime, nullable=False),
     Column("started_at", UtcDateTime, nullable=True),
     Column("finished_at", UtcDateTime, nullable=True),
+    # Set by maintenance compaction once the run's payloads were cleared (revision 0005).
+    Column("compacted_at", UtcDateTime, nullable=True),
     UniqueConstraint("tenant_id", "idempotency_key"),
     Index(
         "ix_runs_claimable",
@@ -119,6 +121,14 @@ runs = Table(
         sqlite_where=text("lease_owner IS NOT NULL"),
     ),
     Index("ix_runs_tenant_id_run_id", "tenant_id", "run_id"),
+    # Maintenance walks finished runs oldest first (keyset on finished_at, run_id).
+    Index(
+        "ix_runs_finished_at_run_id",
+        "finished_at",
+        "run_id",
+        postgresql_where=text("finished_at IS NOT NULL"),
+        sqlite_where=text("finished_at IS NOT NULL"),
+    ),
     Index("ix_runs_tenant_id_status_run_id", "tenant_id", "status", "run_id"),
     Index("ix_runs_tenant_id_workflow_run_id", "tenant_id", "workflow", "run_id"),
 )
@@ -297,4 +307,30 @@ schedule_fires = Table(
     Column("error", Text, nullable=True),
     PrimaryKeyConstraint("schedule_id", "tick"),
     Index("ix_schedule_fires_run_id", "run_id"),
+)
+
+runs_archive = Table(
+    "runs_archive",
+    metadata,
+    # A finished run moved out of ``runs`` by maintenance archival: its summary and (unless
+    # compacted first) its payloads; steps, events, signals, decisions and dead letters are
+    # dropped. Reads of an archived id answer 404 with code ``run_archived``.
+    Column("run_id", Uuid, primary_key=True),
+    Column("tenant_id", String(128), nullable=False),
+    Column("workflow", String(200), nullable=False),
+    Column("version", String(64), nullable=False),
+    Column("status", String(32), nullable=False),
+    Column("reason", String(64), nullable=True),
+    Column("input", Text, nullable=False),
+    Column("output", Text, nullable=True),
+    Column("error", Text, nullable=True),
+    Column("idempotency_key", String(255), nullable=True),
+    Column("parent_run_id", Uuid, nullable=True),
+    Column("created_by", String(255), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("started_at", UtcDateTime, nullable=True),
+    Column("finished_at", UtcDateTime, nullable=True),
+    Column("compacted_at", UtcDateTime, nullable=True),
+    Column("archived_at", UtcDateTime, nullable=False),
+    Index("ix_runs_archive_tenant_id_run_id", "tenant_id", "run_id"),
 )

@@ -63,6 +63,8 @@ class ReplayContext(WorkflowContext):
             err = NondeterminismError(mismatch)
             self._exec.nondeterminism = err
             raise err
+        if entry is None:
+            self._exec.check_new_step(seq)
         return step_id, seq, entry
 
     def _step(

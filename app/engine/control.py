@@ -10,6 +10,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
 from app.core.errors import (
+    CeilingExceeded,
     DeadLetterNotFound,
     Forbidden,
     InvalidState,
@@ -167,11 +168,22 @@ async def send_signal(
         RunNotFound: not this tenant's run (nothing recorded).
         RunFinished: the run is terminal (409).
         PayloadTooLarge: payload over ``TREADLE_MAX_PAYLOAD_BYTES``.
+        CeilingExceeded: ``TREADLE_MAX_SIGNALS_BUFFERED_PER_RUN`` unconsumed signals are
+            already buffered (422; nothing stored).
     """
     text = json.dumps_limited(payload, settings.max_payload_bytes, "signal payload")
     async with db.write() as conn:
         run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
         _require_live(run)
+        buffered = await signals_q.count_buffered(conn, run_id)
+        limit = settings.max_signals_buffered_per_run
+        if buffered >= limit:
+            raise CeilingExceeded(
+                f"run {run_id} already has {buffered} unconsumed signals "
+                f"(TREADLE_MAX_SIGNALS_BUFFERED_PER_RUN={limit}); retry once it consumes some",
+                ceiling="max_signals_buffered_per_run",
+                limit=limit,
+            )
         signal_id = await signals_q.insert_signal(
             conn, run_id=run_id, tenant_id=tenant_id, name=name, payload=text, sent_by=actor
         )
@@ -365,6 +377,12 @@ async def requeue_dead_letter(
             raise InvalidState(f"dead letter {dead_letter_id} was already {dl['status']}")
         if run["status"] != RunStatus.FAILED.value:
             raise InvalidState(f"run {run['run_id']} is {run['status']!r}, not failed")
+        if run["compacted_at"] is not None:
+            # Its input and journal outputs are gone: a re-run could not replay.
+            raise InvalidState(
+                f"run {run['run_id']} was compacted by maintenance; its payloads are gone, "
+                "so it cannot be re-run (submit a new run instead)"
+            )
         await _reopen_failed_steps(conn, run["run_id"])
         now = now_expr(conn.dialect.name)
         await conn.execute(

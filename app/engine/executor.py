@@ -230,6 +230,8 @@ class RunExecution:
         self._lost: dict[str, int] = {}
         # ctx.patched markers decided this execution, journaled by the next write.
         self.pending_markers: list[tuple[str, int, str]] = []
+        # Timeline rows when this execution began (resumed runs only): events ceiling.
+        self.events_at_claim = 0
 
     def db_now(self) -> datetime:
         """The database clock, estimated from the claim time plus local monotonic time."""
@@ -283,6 +285,11 @@ class RunExecution:
                     ),
                 },
             )
+        if self.journal:
+            # A resumed run: count its timeline once per claim for the events ceiling (an
+            # index range scan). Fresh runs have a single event and skip the query.
+            async with self.db.read() as conn:
+                self.events_at_claim = await events_q.count_for_run(conn, self.run_id)
         from app.engine.context import ReplayContext
 
         ctx = ReplayContext(self)
@@ -524,22 +531,15 @@ class RunExecution:
                         info,
                         attempt,
                     )
-        elif kind != "compensation" and seq >= self.settings.max_steps_per_run:
-            ceiling = CeilingExceeded(
-                f"run reached TREADLE_MAX_STEPS_PER_RUN={self.settings.max_steps_per_run}",
-                ceiling="max_steps_per_run",
-            )
-            # Recorded on the execution, so workflow code catching the error cannot go on.
-            self.failure = Failed(
-                RunReason.FAILURE_NON_RETRYABLE, error_info(ceiling, **ceiling.data)
-            )
-            raise ceiling
         if lost:
             marks["lost_attempts"] = lost
         self._lost[step_id] = lost
         detail = json.dumps(marks) if marks else None
 
         while True:
+            if attempt >= self.settings.max_attempts_per_step:
+                # Reached through recovered (lost) attempts; _after_error covers retries.
+                await self._attempts_ceiling(step_id, attempt)
             if due is not None:
                 remaining = (due - self.db_now()).total_seconds()
                 if remaining > self.settings.inline_retry_max_seconds:
@@ -698,6 +698,8 @@ class RunExecution:
         if timed_out is not None:
             info["type"] = "StepTimeout"
             info["message"] = f"attempt {attempt} exceeded its timeout of {timed_out} s"
+        if attempt >= self.settings.max_attempts_per_step:
+            await self._attempts_ceiling(step_id, attempt, info)
         if attempt - self._lost.get(step_id, 0) >= retry.max_attempts:
             if timed_out is not None:
                 await self._finish_step_failed(
@@ -740,6 +742,59 @@ class RunExecution:
 
         await self.write(schedule)
         return _Retry(delay)
+
+    async def _attempts_ceiling(
+        self, step_id: str, attempt: int, last_error: dict[str, Any] | None = None
+    ) -> typing.NoReturn:
+        limit = self.settings.max_attempts_per_step
+        info: dict[str, Any] = {
+            "type": "CeilingExceeded",
+            "message": f"step {step_id!r} reached TREADLE_MAX_ATTEMPTS_PER_STEP={limit} "
+            f"after {attempt} attempts",
+            "ceiling": "max_attempts_per_step",
+            "limit": limit,
+        }
+        if last_error is not None:
+            info["last_error"] = last_error
+        await self._finish_step_failed(
+            step_id, StepStatus.FAILED, RunReason.FAILURE_ATTEMPTS_EXHAUSTED, info, attempt
+        )
+
+    def ceiling(self, name: str, message: str, limit: int) -> typing.NoReturn:
+        """Fail the run on a ceiling: record the failure, then raise it into the body.
+
+        Recorded on the execution first, so workflow code that catches the error cannot
+        go on: the run ends ``failed`` / ``failure_non_retryable`` with error type
+        ``CeilingExceeded`` naming the setting.
+
+        Raises:
+            CeilingExceeded: always.
+        """
+        exc = CeilingExceeded(message, ceiling=name, limit=limit)
+        self.failure = Failed(RunReason.FAILURE_NON_RETRYABLE, error_info(exc, **exc.data))
+        raise exc
+
+    def check_new_step(self, seq: int) -> None:
+        """Enforce the per-run ceilings a new journal entry is subject to (not replays).
+
+        Raises:
+            CeilingExceeded: ``TREADLE_MAX_STEPS_PER_RUN`` or ``TREADLE_MAX_EVENTS_PER_RUN``
+                reached (see :meth:`ceiling`).
+        """
+        steps_limit = self.settings.max_steps_per_run
+        if seq >= steps_limit:
+            self.ceiling(
+                "max_steps_per_run",
+                f"run reached TREADLE_MAX_STEPS_PER_RUN={steps_limit}",
+                steps_limit,
+            )
+        events_limit = self.settings.max_events_per_run
+        if self.events_at_claim >= events_limit:
+            self.ceiling(
+                "max_events_per_run",
+                f"run has {self.events_at_claim} events, TREADLE_MAX_EVENTS_PER_RUN={events_limit}",
+                events_limit,
+            )
 
     async def _finish_step_failed(
         self,

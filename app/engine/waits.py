@@ -472,6 +472,15 @@ async def child(
         access = await ex.submitter.access(workflow, resolved)
 
         async def create(conn: AsyncConnection) -> None:
+            # Counted under the fence, in the transaction that creates the child.
+            started = await steps_q.count_kind(conn, ex.run_id, "child")
+            limit = ex.settings.max_children_per_run
+            if started >= limit:
+                ex.ceiling(
+                    "max_children_per_run",
+                    f"run started {started} children, TREADLE_MAX_CHILDREN_PER_RUN={limit}",
+                    limit,
+                )
             row, _ = await insert_prepared(
                 conn,
                 request,

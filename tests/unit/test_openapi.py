@@ -113,3 +113,16 @@ def test_problem_responses_declare_the_problem_media_type() -> None:
         and set(response.get("content", {})) != {"application/problem+json"}
     }
     assert not wrong, f"problem responses not declared as application/problem+json: {wrong}"
+
+
+def test_spec_is_valid_openapi() -> None:
+    from openapi_spec_validator import validate
+
+    assert SPEC["openapi"].startswith("3.1")
+    validate(SPEC)  # raises OpenAPIValidationError naming the offending path
+    broken = json.loads(json.dumps(SPEC))
+    broken["paths"]["/runs"]["post"]["responses"]["201"]["content"]["application/json"][
+        "schema"
+    ] = {"$ref": "#/components/schemas/NoSuchModel"}
+    with pytest.raises(Exception, match="NoSuchModel"):
+        validate(broken)

@@ -6,7 +6,7 @@ import asyncio
 import time
 import uuid
 from datetime import UTC, datetime
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
 from fastapi.responses import PlainTextResponse
@@ -52,8 +52,6 @@ from app.engine import control
 from app.engine.submit import SubmitRequest
 
 router = APIRouter(prefix="/runs", tags=["runs"])
-
-ReportFormat = Literal["json", "text"]
 
 
 def parse_run_id(run_id: str) -> uuid.UUID:
@@ -361,7 +359,10 @@ async def get_run_report(
     principal: RunsRead,
     db: DB,
     settings: SettingsDep,
-    format: Annotated[ReportFormat | None, Query(description="json or text")] = None,
+    format: Annotated[
+        schemas.ReportFormat | None,
+        Query(description="json or text; default: text if Accept asks for text/plain"),
+    ] = None,
     events_limit: Annotated[int, Query(ge=1, le=10_000)] = 1000,
     tenant: TenantQuery = None,
 ) -> Any:
@@ -391,7 +392,7 @@ async def get_run_report(
         events_truncated=len(event_rows) > events_limit,
         dead_letters=[dead_letter_view(d) for d in dl_rows],
     )
-    wants_text = format == "text" or (
+    wants_text = format is schemas.ReportFormat.TEXT or (
         format is None and "text/plain" in request.headers.get("accept", "")
     )
     if wants_text:

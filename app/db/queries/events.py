@@ -7,7 +7,7 @@ import uuid
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import RowMapping, insert, select
+from sqlalchemy import RowMapping, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
@@ -79,3 +79,9 @@ async def append_claims(
             for row in claimed
         ],
     )
+
+
+async def count_for_run(conn: AsyncConnection, run_id: uuid.UUID) -> int:
+    """Number of events in a run's timeline (range scan of ``ix_events_run_id_event_id``)."""
+    stmt = select(func.count()).select_from(events).where(events.c.run_id == run_id)
+    return int((await conn.execute(stmt)).scalar_one())

@@ -25,10 +25,10 @@ from sqlalchemy import (
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.errors import LeaseLost, RunNotFound
+from app.core.errors import LeaseLost, RunArchived, RunNotFound
 from app.core.status import TERMINAL_RUN_STATUSES, RunStatus
 from app.db.dialect import now_expr, now_plus
-from app.db.tables import runs
+from app.db.tables import runs, runs_archive
 from app.db.types import UtcDateTime
 
 # Statuses a worker may claim once ``available_at`` has passed. ``running`` is here on
@@ -132,6 +132,32 @@ async def get_run(
     )
     row = result.mappings().first()
     if row is None:
+        archived = (
+            (
+                await conn.execute(
+                    select(
+                        runs_archive.c.status,
+                        runs_archive.c.reason,
+                        runs_archive.c.finished_at,
+                        runs_archive.c.archived_at,
+                    ).where(runs_archive.c.run_id == run_id, runs_archive.c.tenant_id == tenant_id)
+                )
+            )
+            .mappings()
+            .first()
+        )
+        if archived is not None:
+            raise RunArchived(
+                f"run {run_id} was archived by maintenance at "
+                f"{archived['archived_at'].isoformat()}; only its summary is kept",
+                run_id=str(run_id),
+                run_status=archived["status"],
+                reason=archived["reason"],
+                finished_at=archived["finished_at"].isoformat()
+                if archived["finished_at"]
+                else None,
+                archived_at=archived["archived_at"].isoformat(),
+            )
         raise RunNotFound(f"run {run_id} not found", run_id=str(run_id))
     return row
 

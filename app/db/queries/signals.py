@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy import RowMapping, insert, select, update
+from sqlalchemy import RowMapping, func, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.dialect import now_expr
@@ -68,3 +68,11 @@ async def list_for_run(conn: AsyncConnection, run_id: uuid.UUID) -> Sequence[Row
     """Every signal sent to a run, oldest first."""
     stmt = select(signals).where(signals.c.run_id == run_id).order_by(signals.c.signal_id)
     return (await conn.execute(stmt)).mappings().all()
+
+
+async def count_buffered(conn: AsyncConnection, run_id: uuid.UUID) -> int:
+    """Signals sent to a run and not yet consumed (the buffered-signals ceiling)."""
+    stmt = select(func.count()).where(
+        signals.c.run_id == run_id, signals.c.consumed_step_id.is_(None)
+    )
+    return int((await conn.execute(stmt)).scalar_one())

@@ -331,3 +331,9 @@ async def has_compensations(conn: AsyncConnection, run_id: uuid.UUID) -> bool:
         )
     ).scalars()
     return any("compensate" in (json.loads(d) or {}) for d in rows)
+
+
+async def count_kind(conn: AsyncConnection, run_id: uuid.UUID, kind: str) -> int:
+    """Journal entries of one kind in a run (e.g. ``child``: the children ceiling)."""
+    stmt = select(func.count()).where(steps.c.run_id == run_id, steps.c.kind == kind)
+    return int((await conn.execute(stmt)).scalar_one())

@@ -1,0 +1,234 @@
+"""Queries of the maintenance tiers: compaction, archival and audit trimming.
+
+Every function works on one batch inside the caller's transaction (the engine's
+``app.engine.maintenance`` owns the boundaries: one transaction per batch for a real run,
+one rolled-back transaction for a dry run). Each filters on *terminal* status again in the
+statement that writes, so a run revived between the pick and the write (retry, requeue) is
+never touched. Maintenance spans every tenant on purpose: it is an operator's job on the
+whole database, and it returns counts only, never data.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from sqlalchemy import and_, delete, exists, insert, or_, select, update
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core.status import TERMINAL_RUN_STATUSES
+from app.db.dialect import now_expr
+from app.db.tables import (
+    approval_decisions,
+    dead_letters,
+    events,
+    runs,
+    runs_archive,
+    signals,
+    steps,
+)
+
+_TERMINAL = sorted(s.value for s in TERMINAL_RUN_STATUSES)
+
+
+@dataclass(frozen=True, slots=True)
+class RunsPosition:
+    """Keyset position in the walk over finished runs, oldest first."""
+
+    finished_at: datetime
+    run_id: uuid.UUID
+
+
+def _is_postgresql(conn: AsyncConnection) -> bool:
+    return conn.dialect.name == "postgresql"
+
+
+def _parent_finished() -> Any:
+    # A finished child whose parent is still live keeps its output: the parent may not
+    # have read it yet (joined children are read when the parent replays).
+    parent = runs.alias("parent")
+    return or_(
+        runs.c.parent_run_id.is_(None),
+        ~exists().where(parent.c.run_id == runs.c.parent_run_id, parent.c.status.not_in(_TERMINAL)),
+    )
+
+
+async def pick_finished_runs(
+    conn: AsyncConnection,
+    *,
+    finished_before: datetime,
+    after: RunsPosition | None,
+    limit: int,
+    uncompacted_only: bool,
+) -> tuple[list[uuid.UUID], RunsPosition | None]:
+    """Pick the next batch of terminal runs finished before ``finished_before``.
+
+    Walks ``ix_runs_finished_at_run_id`` in ``(finished_at, run_id)`` order from ``after``.
+    On PostgreSQL the rows are locked ``FOR UPDATE SKIP LOCKED``: a run an operator is
+    retrying right now is skipped (the next maintenance run gets it), and nothing revives
+    a picked run before this transaction ends.
+
+    Returns:
+        The picked run ids and the position after the last one (None when none).
+    """
+    stmt = select(runs.c.run_id, runs.c.finished_at).where(
+        runs.c.finished_at.is_not(None),
+        runs.c.finished_at < finished_before,
+        runs.c.status.in_(_TERMINAL),
+        _parent_finished(),
+    )
+    if uncompacted_only:
+        stmt = stmt.where(runs.c.compacted_at.is_(None))
+    if after is not None:
+        stmt = stmt.where(
+            or_(
+                runs.c.finished_at > after.finished_at,
+                and_(runs.c.finished_at == after.finished_at, runs.c.run_id > after.run_id),
+            )
+        )
+    stmt = stmt.order_by(runs.c.finished_at, runs.c.run_id).limit(limit)
+    if _is_postgresql(conn):
+        stmt = stmt.with_for_update(of=runs, skip_locked=True)
+    rows = (await conn.execute(stmt)).all()
+    if not rows:
+        return [], None
+    return [r[0] for r in rows], RunsPosition(rows[-1][1], rows[-1][0])
+
+
+async def compact_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> dict[str, int]:
+    """Clear the payloads of these (terminal) runs; rows and states stay.
+
+    Cleared: run input (to JSON ``null``) and output, step outputs, event data, signal and
+    approval-decision payloads. Kept: statuses, reasons, errors (an operator needs the
+    why), timings and ids. ``runs.compacted_at`` records when.
+
+    Returns:
+        Rows changed per table.
+    """
+    ids = list(run_ids)
+    compacted = await conn.execute(
+        update(runs)
+        .where(
+            runs.c.run_id.in_(ids),
+            runs.c.status.in_(_TERMINAL),
+            runs.c.compacted_at.is_(None),
+        )
+        .values(input="null", output=None, compacted_at=now_expr(conn.dialect.name))
+        .returning(runs.c.run_id)
+    )
+    done = [r[0] for r in compacted.all()]
+    if not done:
+        return {"runs": 0, "steps": 0, "events": 0, "signals": 0, "approval_decisions": 0}
+    counts = {"runs": len(done)}
+    for name, table, column in (
+        ("steps", steps, steps.c.output),
+        ("events", events, events.c.data),
+        ("signals", signals, signals.c.payload),
+        ("approval_decisions", approval_decisions, approval_decisions.c.payload),
+    ):
+        result = await conn.execute(
+            update(table)
+            .where(table.c.run_id.in_(done), column.is_not(None))
+            .values({column.name: None})
+        )
+        counts[name] = result.rowcount
+    return counts
+
+
+async def archive_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> dict[str, int]:
+    """Move these (terminal) runs to ``runs_archive``; drop everything hanging off them.
+
+    Dropped: steps, events, signals, approval decisions and dead letters of the runs.
+    Deletes are explicit rather than left to ``ON DELETE CASCADE`` so the counts are exact.
+
+    Returns:
+        Rows moved or deleted per table (``runs`` = runs archived).
+    """
+    ids = list(run_ids)
+    columns = [c.name for c in runs_archive.c if c.name != "archived_at"]
+    source = select(
+        *(runs.c[name] for name in columns), now_expr(conn.dialect.name).label("archived_at")
+    ).where(runs.c.run_id.in_(ids), runs.c.status.in_(_TERMINAL))
+    await conn.execute(insert(runs_archive).from_select([*columns, "archived_at"], source))
+    moved = (
+        await conn.execute(
+            select(runs_archive.c.run_id).where(
+                runs_archive.c.run_id.in_(ids),
+                exists().where(runs.c.run_id == runs_archive.c.run_id),
+            )
+        )
+    ).all()
+    done = [r[0] for r in moved]
+    counts: dict[str, int] = {"runs": 0}  # filled last; first in the report
+    for name, table in (
+        ("steps", steps),
+        ("events", events),
+        ("signals", signals),
+        ("approval_decisions", approval_decisions),
+        ("dead_letters", dead_letters),
+    ):
+        result = await conn.execute(delete(table).where(table.c.run_id.in_(done)))
+        counts[name] = result.rowcount
+    counts["runs"] = (await conn.execute(delete(runs).where(runs.c.run_id.in_(done)))).rowcount
+    return counts
+
+
+async def trim_events(
+    conn: AsyncConnection, *, before: datetime, after_event_id: int | None, limit: int
+) -> tuple[int, int | None]:
+    """Delete up to ``limit`` events older than ``before`` that belong to terminal runs.
+
+    Walks events in ``event_id`` order from ``after_event_id`` (ids grow with time, so the
+    old ones come first). Live runs, and finished children of live parents, keep their
+    whole timeline.
+
+    Returns:
+        Rows deleted and the last event id examined (None when the walk is over).
+    """
+    stmt = (
+        select(events.c.event_id)
+        .join(runs, runs.c.run_id == events.c.run_id)
+        .where(events.c.at < before, runs.c.status.in_(_TERMINAL), _parent_finished())
+        .order_by(events.c.event_id)
+        .limit(limit)
+    )
+    if after_event_id is not None:
+        stmt = stmt.where(events.c.event_id > after_event_id)
+    if _is_postgresql(conn):
+        stmt = stmt.with_for_update(of=events, skip_locked=True)
+    ids = [int(r[0]) for r in (await conn.execute(stmt)).all()]
+    if not ids:
+        return 0, None
+    deleted = (await conn.execute(delete(events).where(events.c.event_id.in_(ids)))).rowcount
+    return deleted, ids[-1]
+
+
+async def trim_dead_letters(
+    conn: AsyncConnection, *, before: datetime, after_id: uuid.UUID | None, limit: int
+) -> tuple[int, uuid.UUID | None]:
+    """Delete up to ``limit`` dead letters older than ``before`` whose run is terminal.
+
+    A dead letter of a run that was requeued and is live again is kept until the run ends.
+
+    Returns:
+        Rows deleted and the last dead-letter id examined (None when the walk is over).
+    """
+    stmt = (
+        select(dead_letters.c.dead_letter_id)
+        .join(runs, runs.c.run_id == dead_letters.c.run_id)
+        .where(dead_letters.c.created_at < before, runs.c.status.in_(_TERMINAL), _parent_finished())
+        .order_by(dead_letters.c.dead_letter_id)
+        .limit(limit)
+    )
+    if after_id is not None:
+        stmt = stmt.where(dead_letters.c.dead_letter_id > after_id)
+    if _is_postgresql(conn):
+        stmt = stmt.with_for_update(of=dead_letters, skip_locked=True)
+    ids = [r[0] for r in (await conn.execute(stmt)).all()]
+    if not ids:
+        return 0, None
+    result = await conn.execute(delete(dead_letters).where(dead_letters.c.dead_letter_id.in_(ids)))
+    return result.rowcount, ids[-1]

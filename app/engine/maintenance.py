@@ -1,0 +1,235 @@
+"""Maintenance tiers: compaction, archival and audit trimming (DESIGN §5).
+
+The engine itself never deletes; these tiers are the only code that does, run by an
+operator (``treadle maintenance run`` or ``POST /admin/maintenance``) or a cron job. Each
+tier has a retention window in settings (``TREADLE_COMPACTION_AFTER_DAYS``,
+``TREADLE_ARCHIVAL_AFTER_DAYS``, ``TREADLE_AUDIT_RETENTION_DAYS``, validated against each
+other) measured on the database clock, touches only *finished* runs of every tenant, and
+works in batches of ``TREADLE_MAINTENANCE_BATCH_SIZE`` so no transaction holds locks on
+the hot tables for long.
+
+A dry run does exactly the same work inside one transaction that is rolled back, so it
+reports precisely what a real run would touch (tiers see each other's effects, as they do
+for real) and changes nothing.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from enum import StrEnum
+from typing import Any
+
+import structlog
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core.settings import Settings
+from app.db.database import Database, fetch_now
+from app.db.queries import maintenance as q
+
+log = structlog.get_logger("treadle.maintenance")
+
+
+class Tier(StrEnum):
+    """A maintenance tier, in the order a full run applies them."""
+
+    COMPACTION = "compaction"
+    ARCHIVAL = "archival"
+    AUDIT = "audit"
+
+
+ALL_TIERS: tuple[Tier, ...] = (Tier.COMPACTION, Tier.ARCHIVAL, Tier.AUDIT)
+
+
+@dataclass(slots=True)
+class TierReport:
+    """What one tier touched (or, in a dry run, would touch).
+
+    Attributes:
+        tier: the tier.
+        window_days: its retention window (days, from settings).
+        cutoff: rows older than this database-clock instant were eligible.
+        batches: transactions used (a dry run counts the batches a real run would use).
+        touched: rows changed (compaction) or deleted/moved (archival, audit) per table.
+    """
+
+    tier: Tier
+    window_days: float
+    cutoff: datetime
+    batches: int = 0
+    touched: dict[str, int] = field(default_factory=dict)
+
+    def add(self, counts: dict[str, int]) -> None:
+        """Add one batch's counts."""
+        self.batches += 1
+        for table, n in counts.items():
+            self.touched[table] = self.touched.get(table, 0) + n
+
+
+@dataclass(slots=True)
+class MaintenanceReport:
+    """Result of one maintenance run.
+
+    Attributes:
+        dry_run: True when everything was rolled back.
+        started_at: database clock at the start (cutoffs are computed from it).
+        duration_seconds: wall time taken.
+        tiers: one report per tier run, in the order applied.
+    """
+
+    dry_run: bool
+    started_at: datetime
+    duration_seconds: float = 0.0
+    tiers: list[TierReport] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-ready form (the API and ``--format json`` share it)."""
+        return {
+            "dry_run": self.dry_run,
+            "started_at": self.started_at.isoformat(),
+            "duration_seconds": round(self.duration_seconds, 3),
+            "tiers": [
+                {
+                    "tier": t.tier.value,
+                    "window_days": t.window_days,
+                    "cutoff": t.cutoff.isoformat(),
+                    "batches": t.batches,
+                    "touched": dict(t.touched),
+                }
+                for t in self.tiers
+            ],
+        }
+
+
+def _window(settings: Settings, tier: Tier) -> float:
+    if tier is Tier.COMPACTION:
+        return settings.compaction_after_days
+    if tier is Tier.ARCHIVAL:
+        return settings.archival_after_days
+    return settings.audit_retention_days
+
+
+Unit = Callable[[], contextlib.AbstractAsyncContextManager[AsyncConnection]]
+
+
+async def run_maintenance(
+    db: Database,
+    settings: Settings,
+    *,
+    tiers: Sequence[Tier] = ALL_TIERS,
+    dry_run: bool = False,
+) -> MaintenanceReport:
+    """Run the chosen tiers (always in compaction → archival → audit order).
+
+    Args:
+        db: the database.
+        settings: retention windows and batch size.
+        tiers: which tiers to run; duplicates are ignored.
+        dry_run: do the work in one transaction and roll it back; report the counts.
+
+    Returns:
+        What each tier touched (or would touch).
+    """
+    chosen = [t for t in ALL_TIERS if t in set(tiers)]
+    started = time.perf_counter()
+    if dry_run:
+        async with db.engine.connect() as conn:
+            transaction = await conn.begin()
+            try:
+
+                @contextlib.asynccontextmanager
+                async def same() -> AsyncIterator[AsyncConnection]:
+                    yield conn
+
+                report = await _run(conn, settings, chosen, same, dry_run=True)
+            finally:
+                await transaction.rollback()
+    else:
+        async with db.read() as conn:
+            now = await fetch_now(conn, db.dialect)
+        report = await _run_at(now, settings, chosen, db.write, dry_run=False)
+    report.duration_seconds = time.perf_counter() - started
+    log.info("maintenance finished", **report.as_dict())
+    return report
+
+
+async def _run(
+    conn: AsyncConnection,
+    settings: Settings,
+    tiers: list[Tier],
+    unit: Unit,
+    *,
+    dry_run: bool,
+) -> MaintenanceReport:
+    now = await fetch_now(conn, conn.dialect.name)
+    return await _run_at(now, settings, tiers, unit, dry_run=dry_run)
+
+
+async def _run_at(
+    now: datetime, settings: Settings, tiers: list[Tier], unit: Unit, *, dry_run: bool
+) -> MaintenanceReport:
+    report = MaintenanceReport(dry_run=dry_run, started_at=now)
+    size = settings.maintenance_batch_size
+    for tier in tiers:
+        window = _window(settings, tier)
+        tr = TierReport(tier=tier, window_days=window, cutoff=now - timedelta(days=window))
+        if tier is Tier.AUDIT:
+            await _audit(tr, unit, size)
+        else:
+            action = q.compact_runs if tier is Tier.COMPACTION else q.archive_runs
+            await _walk_runs(tr, unit, size, action, uncompacted_only=tier is Tier.COMPACTION)
+        report.tiers.append(tr)
+    return report
+
+
+async def _walk_runs(
+    tr: TierReport,
+    unit: Unit,
+    size: int,
+    action: Callable[[AsyncConnection, Sequence[Any]], Awaitable[dict[str, int]]],
+    *,
+    uncompacted_only: bool,
+) -> None:
+    after: q.RunsPosition | None = None
+    while True:
+        async with unit() as conn:
+            ids, position = await q.pick_finished_runs(
+                conn,
+                finished_before=tr.cutoff,
+                after=after,
+                limit=size,
+                uncompacted_only=uncompacted_only,
+            )
+            if not ids:
+                return
+            tr.add(await action(conn, ids))
+        if len(ids) < size:
+            return
+        after = position
+
+
+async def _audit(tr: TierReport, unit: Unit, size: int) -> None:
+    tr.touched = {"events": 0, "dead_letters": 0}
+    last_event: int | None = None
+    while True:
+        async with unit() as conn:
+            deleted, last_event = await q.trim_events(
+                conn, before=tr.cutoff, after_event_id=last_event, limit=size
+            )
+            if last_event is not None:
+                tr.add({"events": deleted})
+        if last_event is None:
+            break
+    last_dl = None
+    while True:
+        async with unit() as conn:
+            deleted, last_dl = await q.trim_dead_letters(
+                conn, before=tr.cutoff, after_id=last_dl, limit=size
+            )
+            if last_dl is not None:
+                tr.add({"dead_letters": deleted})
+        if last_dl is None:
+            break
