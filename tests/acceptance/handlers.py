@@ -95,3 +95,17 @@ async def sleep_flow(ctx: WorkflowContext, nap: Nap) -> str:
     await ctx.sleep(nap.seconds)
     after = await ctx.now()
     return f"{(after - before).total_seconds():.3f}"
+
+
+@workflow("acc-migrate", version=1)
+async def migrate_v1(ctx: WorkflowContext, job: Job) -> str:
+    """Version 1 of a workflow that waits on an approval (a run to migrate)."""
+    await ctx.approval("manager", timeout=3600)
+    return "v1"
+
+
+@workflow("acc-migrate", version=2)
+async def migrate_v2(ctx: WorkflowContext, job: Job) -> str:
+    """Version 2: the same calls, so a version-1 journal replays on it."""
+    await ctx.approval("manager", timeout=3600)
+    return "v2"

@@ -134,6 +134,25 @@ class DocsWorld:
         items = self.api.get("/dead-letters").json()["items"]
         return next(str(d["dead_letter_id"]) for d in items if str(d["run_id"]) == run_id)
 
+    def api_key_id(self, admin_token: str) -> str:
+        resp = self.api.post(
+            "/admin/api-keys",
+            json={"name": f"docs-{self.n}", "scopes": ["runs:read"]},
+            headers={"Authorization": f"Bearer {admin_token}"},
+        )
+        assert resp.status_code == 201, resp.text
+        return str(resp.json()["key_id"])
+
+    def migratable_run(self) -> str:
+        """A version-1 run waiting on an approval, with version 2 registered."""
+        resp = self.api.post(
+            "/runs", json={"workflow": "acc-migrate", "version": "1", "input": {"name": "docs"}}
+        )
+        assert resp.status_code == 201, resp.text
+        run_id = str(resp.json()["run_id"])
+        self.reach(run_id, "waiting_approval")
+        return run_id
+
     def next_page_token(self) -> str:
         self.completed_run()
         self.completed_run()
@@ -154,6 +173,8 @@ def _context(world: DocsWorld, command: str, base: dict[str, str]) -> dict[str, 
         ("/retry", lambda: {"RUN_ID": world.failed_run()}),
         ("/requeue", lambda: {"DEAD_LETTER_ID": world.pending_dead_letter()}),
         ("$NEXT", lambda: {"NEXT": world.next_page_token()}),
+        ("/admin/api-keys/$KEY_ID", lambda: {"KEY_ID": world.api_key_id(base["ADMIN_TOKEN"])}),
+        ("/migrate", lambda: {"RUN_ID": world.migratable_run()}),
     ]
     for marker, setup in setups:
         if marker in command:
@@ -186,6 +207,8 @@ def run_curl(command: str, env: dict[str, str]) -> tuple[int, str]:
 def test_documented_curl_commands_succeed(stack: Stack) -> None:
     stack.start_worker(handlers="examples.orders")
     stack.start_worker(handlers="examples.onboarding")
+    stack.start_worker(handlers="examples.nightly_report")
+    stack.start_worker(handlers="tests.acceptance.handlers")
     user = token(tenant="default", subject="dev", scopes=DEFAULT_SCOPES)
     world = DocsWorld(stack, user)
     base = {
@@ -193,6 +216,7 @@ def test_documented_curl_commands_succeed(stack: Stack) -> None:
         "TREADLE_TOKEN": user,
         "H": f"Authorization: Bearer {user}",
         "J": "Content-Type: application/json",
+        "A": "Authorization: Bearer " + token(tenant="default", subject="ops", scopes=["admin"]),
         # The onboarding approval needs the sales-manager group and another subject.
         "APPROVER_TOKEN": DevTokens(DEV_SECRET).mint(
             tenant_id="default",
