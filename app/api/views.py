@@ -12,9 +12,12 @@ from app.db.queries.steps import step_reason
 
 
 def run_view(
-    row: RowMapping, step_counts: dict[str, int] | None = None, blocked: str | None = None
+    row: RowMapping,
+    step_counts: dict[str, int] | None = None,
+    blocked: str | None = None,
+    state: dict[str, Any] | None = None,
 ) -> schemas.Run:
-    """Build a :class:`schemas.Run` from a ``runs`` row."""
+    """Build a :class:`schemas.Run` from a ``runs`` row (``state``: a machine's state)."""
     waiting = None
     if row["waiting_kind"]:
         waiting = schemas.WaitingOn(
@@ -37,6 +40,7 @@ def run_view(
         waiting_on=waiting,
         blocked_reason=blocked or row["blocked_reason"],
         step_counts=step_counts,
+        state=None if state is None else schemas.RunState.model_validate(state),
         created_by=row["created_by"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
@@ -132,6 +136,8 @@ def render_report_text(report: schemas.RunReport) -> str:
         )
     if r.blocked_reason:
         lines.append(f"blocked      {r.blocked_reason}")
+    if r.state is not None:
+        lines.append(f"state        {r.state.name} {_short(r.state.fields, 300)}")
     if r.output is not None:
         lines.append(f"output       {_short(r.output, 300)}")
     if r.error is not None:

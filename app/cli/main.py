@@ -24,7 +24,12 @@ dlq_app = typer.Typer(help="Dead letters: list and requeue.", no_args_is_help=Tr
 app.add_typer(dlq_app, name="dlq")
 app.command("check")(check_command)
 
-EXAMPLE_HANDLERS = ["examples.orders", "examples.onboarding", "examples.order_total"]
+EXAMPLE_HANDLERS = [
+    "examples.orders",
+    "examples.onboarding",
+    "examples.order_total",
+    "examples.document_flow",
+]
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
@@ -191,6 +196,10 @@ def runs_start(
     workflow: str,
     input_json: Annotated[str, typer.Option("--input", help="JSON input or @file.json")] = "{}",
     key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
+    concurrency_key: Annotated[
+        str | None,
+        typer.Option("--concurrency-key", help="One active run per key (a state machine's parent)"),
+    ] = None,
     version: Annotated[str | None, typer.Option()] = None,
     url: URL = "http://127.0.0.1:8000",
     tok: TOKEN = None,
@@ -207,6 +216,8 @@ def runs_start(
     body: dict[str, Any] = {"workflow": workflow, "input": payload}
     if key:
         body["idempotency_key"] = key
+    if concurrency_key:
+        body["concurrency_key"] = concurrency_key
     if version:
         body["version"] = version
     with _client(url, tok) as c:

@@ -35,6 +35,12 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
+# A run holds its concurrency key while it is not terminal (see TERMINAL_RUN_STATUSES).
+ACTIVE_CONCURRENCY_KEY_WHERE = (
+    "concurrency_key IS NOT NULL AND status NOT IN "
+    "('completed', 'failed', 'cancelled', 'compensated')"
+)
+
 workflow_definitions = Table(
     "workflow_definitions",
     metadata,
@@ -43,6 +49,8 @@ workflow_definitions = Table(
     Column("kind", String(32), nullable=False),
     Column("input_schema", Text, nullable=False),
     Column("output_schema", Text, nullable=False),
+    # State machines: JSON list of their states (name, fields schema, timer, terminal).
+    Column("states", Text, nullable=True),
     Column("first_registered_at", UtcDateTime, nullable=False),
     Column("last_registered_at", UtcDateTime, nullable=False),
     PrimaryKeyConstraint("name", "version"),
@@ -111,6 +119,17 @@ runs = Table(
         sqlite_where=text("lease_owner IS NOT NULL"),
     ),
     Index("ix_runs_tenant_id_run_id", "tenant_id", "run_id"),
+    # At most one active run per (tenant, workflow, concurrency key): admission is the
+    # insert itself, atomic on both databases, with no lock or pre-check to race.
+    Index(
+        "uq_runs_active_concurrency_key",
+        "tenant_id",
+        "workflow",
+        "concurrency_key",
+        unique=True,
+        postgresql_where=text(ACTIVE_CONCURRENCY_KEY_WHERE),
+        sqlite_where=text(ACTIVE_CONCURRENCY_KEY_WHERE),
+    ),
     Index("ix_runs_tenant_id_status_run_id", "tenant_id", "status", "run_id"),
     Index("ix_runs_tenant_id_workflow_run_id", "tenant_id", "workflow", "run_id"),
 )

@@ -58,7 +58,7 @@ class Registry:
         return len(self._by_key)
 
     async def register(self, conn: AsyncConnection) -> None:
-        """Upsert every definition (name, version, kind, JSON Schemas) in the database."""
+        """Upsert every definition (name, version, kind, JSON Schemas, states)."""
         for d in self._by_key.values():
             await q.upsert_definition(
                 conn,
@@ -67,4 +67,5 @@ class Registry:
                 kind=d.kind,
                 input_schema=json.dumps(d.input_schema),
                 output_schema=json.dumps(d.output_schema),
+                states=None if d.states is None else json.dumps(d.states),
             )

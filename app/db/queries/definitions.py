@@ -26,8 +26,12 @@ async def upsert_definition(
     kind: str,
     input_schema: str,
     output_schema: str,
+    states: str | None = None,
 ) -> None:
-    """Register (or refresh) one workflow definition version."""
+    """Register (or refresh) one workflow definition version.
+
+    ``states`` is a state machine's JSON list of states (None for other kinds).
+    """
     now = now_expr(conn.dialect.name)
     stmt = _insert(conn, workflow_definitions).values(
         name=name,
@@ -35,6 +39,7 @@ async def upsert_definition(
         kind=kind,
         input_schema=input_schema,
         output_schema=output_schema,
+        states=states,
         first_registered_at=now,
         last_registered_at=now,
     )
@@ -44,6 +49,7 @@ async def upsert_definition(
             "kind": kind,
             "input_schema": input_schema,
             "output_schema": output_schema,
+            "states": states,
             "last_registered_at": now,
         },
     )
