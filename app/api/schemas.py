@@ -56,7 +56,12 @@ class SubmitRunRequest(BaseModel):
         description="Same key + same request returns the same run (or use the "
         "Idempotency-Key header).",
     )
-    concurrency_key: Identifier | None = None
+    concurrency_key: Identifier | None = Field(
+        default=None,
+        description="At most one active (non-terminal) run of the workflow per key: a "
+        "second submission is 409 naming the active run (`active_run_id`). Required for "
+        "state machines, where it names the parent entity.",
+    )
     delay: float | None = Field(
         default=None, ge=0, le=366 * 86400, description="Seconds before the run may start."
     )
@@ -82,6 +87,13 @@ class WaitingOn(BaseModel):
     deadline: datetime | None = None
 
 
+class RunState(BaseModel):
+    """The typed current state of a state-machine run."""
+
+    name: str = Field(description="The state (variant) name.")
+    fields: dict[str, Any] = Field(description="The state's typed fields.")
+
+
 class Run(BaseModel):
     """A run snapshot. Timestamps are UTC (ISO 8601)."""
 
@@ -102,6 +114,11 @@ class Run(BaseModel):
     blocked_reason: str | None
     step_counts: dict[str, int] | None = Field(
         default=None, description="Steps by status (detail view only)."
+    )
+    state: RunState | None = Field(
+        default=None,
+        description="State machines: the last committed state, from the journal (the "
+        "initial state before the first transition). Detail view only; null otherwise.",
     )
     created_by: str
     access: Literal["tenant", "owner"] = Field(
@@ -235,14 +252,29 @@ class RunReport(BaseModel):
     dead_letters: list[DeadLetter]
 
 
+class MachineState(BaseModel):
+    """One state of a registered state machine (``GET /workflows``)."""
+
+    name: str
+    fields: Any = Field(description="JSON Schema of the state's fields.")
+    initial: bool
+    terminal: bool
+    timer_seconds: float | None = Field(
+        description="Seconds waited in this state (database time) before the next transition."
+    )
+
+
 class WorkflowVersion(BaseModel):
     """One registered version of a workflow."""
 
     version: str
-    kind: str
+    kind: str = Field(description="`workflow`, `dag` or `state_machine`.")
     access: Literal["tenant", "owner"] = "tenant"
     input_schema: Any
     output_schema: Any
+    states: list[MachineState] | None = Field(
+        default=None, description="A state machine's states (null for other kinds)."
+    )
     first_registered_at: datetime
     last_registered_at: datetime
     live_workers: list[str]

@@ -34,9 +34,15 @@ def is_redacted(run: RowMapping) -> bool:
 
 
 def run_view(
-    row: RowMapping, step_counts: dict[str, int] | None = None, blocked: str | None = None
+    row: RowMapping,
+    step_counts: dict[str, int] | None = None,
+    blocked: str | None = None,
+    state: dict[str, Any] | None = None,
 ) -> schemas.Run:
-    """Build a :class:`schemas.Run` from a ``runs`` row (payloads withheld if redacted)."""
+    """Build a :class:`schemas.Run` from a ``runs`` row (payloads withheld if redacted).
+
+    ``state`` is a state machine's current state.
+    """
     redacted = is_redacted(row)
     waiting = None
     if row["waiting_kind"]:
@@ -60,6 +66,7 @@ def run_view(
         waiting_on=waiting,
         blocked_reason=blocked or row["blocked_reason"],
         step_counts=step_counts,
+        state=None if state is None else schemas.RunState.model_validate(state),
         created_by=row["created_by"],
         access=row["access"],
         redacted=redacted,
@@ -161,6 +168,8 @@ def render_report_text(report: schemas.RunReport) -> str:
         lines.append(f"blocked      {r.blocked_reason}")
     if r.compacted_at is not None:
         lines.append(f"compacted    {r.compacted_at.isoformat()} (payloads cleared by maintenance)")
+    if r.state is not None:
+        lines.append(f"state        {r.state.name} {_short(r.state.fields, 300)}")
     if r.output is not None:
         lines.append(f"output       {_short(r.output, 300)}")
     if r.error is not None:

@@ -46,6 +46,7 @@ EXAMPLE_HANDLERS = [
     "examples.onboarding",
     "examples.order_total",
     "examples.nightly_report",
+    "examples.document_flow",
 ]
 
 
@@ -425,6 +426,10 @@ def runs_start(
     workflow: str,
     input_json: Annotated[str, typer.Option("--input", help="JSON input or @file.json")] = "{}",
     key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
+    concurrency_key: Annotated[
+        str | None,
+        typer.Option("--concurrency-key", help="One active run per key (a state machine's parent)"),
+    ] = None,
     version: Annotated[str | None, typer.Option()] = None,
     url: URL = "http://127.0.0.1:8000",
     tok: TOKEN = None,
@@ -441,6 +446,8 @@ def runs_start(
     body: dict[str, Any] = {"workflow": workflow, "input": payload}
     if key:
         body["idempotency_key"] = key
+    if concurrency_key:
+        body["concurrency_key"] = concurrency_key
     if version:
         body["version"] = version
     with _client(url, tok) as c:

@@ -92,6 +92,16 @@ class IdempotencyConflict(ConflictError):
     code = "idempotency_key_reused"
 
 
+class ConcurrencyKeyBusy(ConflictError):
+    """Another run of the workflow holds this concurrency key and is not terminal (409).
+
+    ``data["active_run_id"]`` names the run holding the key; a run holds its key from
+    submission until it is terminal (DESIGN §1, queue controls).
+    """
+
+    code = "concurrency_key_busy"
+
+
 class RunFinished(ConflictError):
     """The run is terminal and the operation needs a live run."""
 

@@ -91,3 +91,10 @@ class EventKind(StrEnum):
     RUN_RESUMED = "run_resumed"
     CHILD_FINISHED = "child_finished"
     RUN_MIGRATED = "run_migrated"
+
+
+STATE_MACHINE_KIND = "state_machine"
+"""Definition kind of a bounded state machine (DESIGN §1c)."""
+
+TRANSITION_STEP_PREFIX = "transition-"
+"""Journal step ids of a state machine's transitions: ``transition-<n>:<from state>``."""

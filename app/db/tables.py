@@ -35,6 +35,12 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
+# A run holds its concurrency key while it is not terminal (see TERMINAL_RUN_STATUSES).
+ACTIVE_CONCURRENCY_KEY_WHERE = (
+    "concurrency_key IS NOT NULL AND status NOT IN "
+    "('completed', 'failed', 'cancelled', 'compensated')"
+)
+
 workflow_definitions = Table(
     "workflow_definitions",
     metadata,
@@ -46,6 +52,8 @@ workflow_definitions = Table(
     # Who may see a run of this definition: ``tenant`` (anyone of the tenant) or ``owner``
     # (only the submitting subject). Stored here so the API never imports handler code.
     Column("access", String(16), nullable=False, server_default=text("'tenant'")),
+    # State machines: JSON list of their states (name, fields schema, timer, terminal).
+    Column("states", Text, nullable=True),
     Column("first_registered_at", UtcDateTime, nullable=False),
     Column("last_registered_at", UtcDateTime, nullable=False),
     PrimaryKeyConstraint("name", "version"),
@@ -128,6 +136,17 @@ runs = Table(
         "run_id",
         postgresql_where=text("finished_at IS NOT NULL"),
         sqlite_where=text("finished_at IS NOT NULL"),
+    ),
+    # At most one active run per (tenant, workflow, concurrency key): admission is the
+    # insert itself, atomic on both databases, with no lock or pre-check to race.
+    Index(
+        "uq_runs_active_concurrency_key",
+        "tenant_id",
+        "workflow",
+        "concurrency_key",
+        unique=True,
+        postgresql_where=text(ACTIVE_CONCURRENCY_KEY_WHERE),
+        sqlite_where=text(ACTIVE_CONCURRENCY_KEY_WHERE),
     ),
     Index("ix_runs_tenant_id_status_run_id", "tenant_id", "status", "run_id"),
     Index("ix_runs_tenant_id_workflow_run_id", "tenant_id", "workflow", "run_id"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import random as _random
 import uuid
-from collections.abc import Callable, Coroutine
+from collections.abc import Awaitable, Callable, Coroutine
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
 
@@ -36,6 +36,7 @@ class ReplayContext(WorkflowContext):
         self._exec = execution
         self.run_id = execution.run_id
         self.workflow = execution.definition.name
+        self.concurrency_key = execution.run["concurrency_key"]
         self._seq = 0
         self._names: dict[str, int] = {}
         self._patches: dict[str, bool] = {}
@@ -118,8 +119,11 @@ class ReplayContext(WorkflowContext):
         name: str | None,
         retry: RetryPolicy | None,
         timeout: float | None,
+        on_cancel: Callable[..., Awaitable[Any]] | None = None,
+        on_cancel_args: tuple[Any, ...] = (),
+        on_cancel_retry: RetryPolicy | None = None,
     ) -> Coroutine[Any, Any, Any]:
-        from app.engine.executor import step_name
+        from app.engine.executor import Compensation, step_name
 
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"ctx.transaction needs an async def function, got {fn!r}")
@@ -139,6 +143,18 @@ class ReplayContext(WorkflowContext):
             timeout=timeout,
             entry=entry,
             kind="transaction",
+            compensation=None
+            if on_cancel is None
+            else Compensation(
+                seq=seq,
+                step_id=step_id,
+                fn=on_cancel,
+                retry=on_cancel_retry or RetryPolicy(max_attempts=1),
+                args=on_cancel_args,
+                transactional=True,
+                cancel_only=True,
+                slot="on_cancel",
+            ),
         )
 
     def compensation_step(self, comp: Compensation, result: Any) -> Coroutine[Any, Any, Any]:
@@ -152,11 +168,12 @@ class ReplayContext(WorkflowContext):
             step_id=step_id,
             seq=seq,
             fn=comp.fn,
-            args=(result,),
+            args=(*comp.args, result),
             retry=comp.retry,
             timeout=None,
             entry=entry,
             kind="compensation",
+            transactional=comp.transactional,
         )
 
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:

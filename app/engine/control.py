@@ -6,11 +6,13 @@ import uuid
 from typing import Any
 
 from sqlalchemy import RowMapping, select, update
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
 from app.core.errors import (
     CeilingExceeded,
+    ConcurrencyKeyBusy,
     DeadLetterNotFound,
     Forbidden,
     InvalidState,
@@ -353,6 +355,7 @@ async def requeue_dead_letter(
     Raises:
         DeadLetterNotFound: not this tenant's dead letter.
         InvalidState: already requeued, or the run is no longer failed (409).
+        ConcurrencyKeyBusy: a newer active run holds the run's concurrency key (409).
     """
     async with db.write() as conn:
         dl = (
@@ -385,19 +388,34 @@ async def requeue_dead_letter(
             )
         await _reopen_failed_steps(conn, run["run_id"])
         now = now_expr(conn.dialect.name)
-        await conn.execute(
-            update(runs)
-            .where(runs.c.run_id == run["run_id"])
-            .values(
-                status=RunStatus.QUEUED.value,
-                reason=None,
-                error=None,
-                output=None,
-                finished_at=None,
-                available_at=now,
-                updated_at=now,
-            )
-        )
+        try:
+            # A requeued run takes its concurrency key back: the savepoint turns a key
+            # now held by a newer run into a 409 instead of a broken transaction.
+            async with conn.begin_nested():
+                await conn.execute(
+                    update(runs)
+                    .where(runs.c.run_id == run["run_id"])
+                    .values(
+                        status=RunStatus.QUEUED.value,
+                        reason=None,
+                        error=None,
+                        output=None,
+                        finished_at=None,
+                        available_at=now,
+                        updated_at=now,
+                    )
+                )
+        except IntegrityError as exc:
+            if not runs_q.is_concurrency_key_violation(exc):
+                raise
+            key = run["concurrency_key"]
+            active = await runs_q.active_run_for_key(conn, tenant_id, run["workflow"], key)
+            raise ConcurrencyKeyBusy(
+                f"cannot requeue run {run['run_id']}: its concurrency key {key!r} is held "
+                f"by active run {active}",
+                active_run_id=None if active is None else str(active),
+                concurrency_key=key,
+            ) from None
         await conn.execute(
             update(dead_letters)
             .where(dead_letters.c.dead_letter_id == dead_letter_id)

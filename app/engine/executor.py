@@ -70,12 +70,24 @@ class Failed:
 
 @dataclass(frozen=True, slots=True)
 class Compensation:
-    """An undo action registered by ``ctx.step(..., compensate=fn)``."""
+    """An undo action registered by ``ctx.step(..., compensate=fn)``.
+
+    Attributes:
+        args: passed before the step's result (``fn(*args, result)``).
+        transactional: run as a transactional step (``fn(tx, *args, result)``).
+        cancel_only: only a cancel runs it, not a failure (state machines: a failed
+            machine is dead-lettered as it stands, for an operator to requeue).
+        slot: registering a compensation in an occupied slot replaces the earlier one.
+    """
 
     seq: int
     step_id: str
     fn: Callable[..., Any]
     retry: RetryPolicy
+    args: tuple[Any, ...] = ()
+    transactional: bool = False
+    cancel_only: bool = False
+    slot: str | None = None
 
 
 # Compensation steps get sequence numbers far above any body step (seq of the step they
@@ -358,7 +370,8 @@ class RunExecution:
         """
         if cause is not None and cause.reason == RunReason.FAILURE_NONDETERMINISM:
             return cause  # the code changed under the run: do not run its undo actions
-        if not self._registered:
+        registered = [r for r in self._registered if cause is None or not r[0].cancel_only]
+        if not registered:
             if cause is None:
                 return Failed(RunReason.CANCELED_BY_REQUEST, None, RunStatus.CANCELLED)
             return cause
@@ -371,7 +384,7 @@ class RunExecution:
 
             await self.write(mark)
         failures: list[dict[str, Any]] = []
-        for comp, result in sorted(self._registered, key=lambda c: c[0].seq, reverse=True):
+        for comp, result in sorted(registered, key=lambda c: c[0].seq, reverse=True):
             try:
                 await ctx.compensation_step(comp, result)
                 outcome = StepStatus.COMPENSATED
@@ -385,7 +398,7 @@ class RunExecution:
                 await steps_q.set_status(conn, run_id=self.run_id, step_id=sid, status=st)
 
             await self.write(record)
-        compensated = [c.step_id for c, _ in self._registered]
+        compensated = [c.step_id for c, _ in registered]
         if failures:
             base = cause.error if cause is not None and cause.error else {}
             return Failed(
@@ -449,8 +462,12 @@ class RunExecution:
         entry: RowMapping | None,
         compensation: Compensation | None = None,
         kind: str = "step",
+        transactional: bool = False,
     ) -> Any:
-        """Return a journaled result or execute the step's attempts (see ``ctx.step``)."""
+        """Return a journaled result or execute the step's attempts (see ``ctx.step``).
+
+        ``transactional`` runs a compensation like ``ctx.transaction`` (``fn(tx, …)``).
+        """
         task = asyncio.current_task()
         if task is not None:
             self._step_tasks.add(task)
@@ -465,8 +482,13 @@ class RunExecution:
                 entry=entry,
                 compensation=compensation,
                 kind=kind,
+                transactional=transactional,
             )
             if compensation is not None:
+                if compensation.slot is not None:
+                    self._registered = [
+                        r for r in self._registered if r[0].slot != compensation.slot
+                    ]
                 self._registered.append((compensation, result))
             return result
         finally:
@@ -485,6 +507,7 @@ class RunExecution:
         entry: RowMapping | None,
         compensation: Compensation | None,
         kind: str,
+        transactional: bool,
     ) -> Any:
         adapter = _output_adapter(fn)
         name = step_name(fn)
@@ -554,7 +577,18 @@ class RunExecution:
             outcome = "failed"
             try:
                 result = await self._attempt(
-                    step_id, seq, name, fn, args, retry, timeout, attempt, adapter, kind, detail
+                    step_id,
+                    seq,
+                    name,
+                    fn,
+                    args,
+                    retry,
+                    timeout,
+                    attempt,
+                    adapter,
+                    kind,
+                    detail,
+                    transactional or kind == "transaction",
                 )
                 outcome = "retry" if isinstance(result, _Retry) else "succeeded"
             finally:
@@ -578,8 +612,9 @@ class RunExecution:
         adapter: TypeAdapter[Any],
         kind: str,
         detail: str | None,
+        transactional: bool,
     ) -> Any:
-        if kind == "transaction":
+        if transactional:
             # One transaction for the user's writes and the checkpoint: see transactions.py.
             return await transactions.attempt(
                 self,
@@ -593,6 +628,7 @@ class RunExecution:
                 attempt=attempt,
                 adapter=adapter,
                 detail=detail,
+                kind=kind,
             )
 
         async def start(conn: AsyncConnection) -> None:

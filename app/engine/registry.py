@@ -58,7 +58,7 @@ class Registry:
         return len(self._by_key)
 
     async def register(self, conn: AsyncConnection) -> None:
-        """Upsert every definition (name, version, kind, access, JSON Schemas) in the database."""
+        """Upsert every definition (name, version, kind, access, JSON Schemas, states)."""
         for d in self._by_key.values():
             await q.upsert_definition(
                 conn,
@@ -68,4 +68,5 @@ class Registry:
                 access=d.access,
                 input_schema=json.dumps(d.input_schema),
                 output_schema=json.dumps(d.output_schema),
+                states=None if d.states is None else json.dumps(d.states),
             )

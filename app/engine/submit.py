@@ -16,7 +16,7 @@ from app.core import json
 from app.core.errors import IdempotencyConflict, InvalidInput, WorkflowNotFound
 from app.core.ids import new_run_id
 from app.core.settings import Settings
-from app.core.status import EventKind, RunStatus
+from app.core.status import STATE_MACHINE_KIND, EventKind, RunStatus
 from app.db.database import Database
 from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
@@ -34,7 +34,7 @@ class SubmitRequest:
         input: the JSON input (any JSON value; usually an object).
         version: pinned version, or None for the latest registered one.
         idempotency_key: retries with the same key return the same run.
-        concurrency_key: stored for queue controls.
+        concurrency_key: at most one active run of the workflow per key (per tenant).
         delay: seconds before the run becomes claimable (DB time).
     """
 
@@ -64,6 +64,7 @@ class _Definition:
     version: str
     validator: jsonschema.protocols.Validator
     access: str
+    kind: str
 
 
 def _version_order(row: RowMapping) -> tuple[int, int, str]:
@@ -123,7 +124,12 @@ class Submitter:
             )
             validator = cls(schema)
             self._validators[schema_text] = validator
-        found = _Definition(version=str(row["version"]), validator=validator, access=row["access"])
+        found = _Definition(
+            version=str(row["version"]),
+            validator=validator,
+            access=row["access"],
+            kind=str(row["kind"]),
+        )
         self._cache[key] = (time.monotonic() + self.cache_seconds, found)
         return found
 
@@ -135,9 +141,17 @@ class Submitter:
             InvalidInput: input fails the registered JSON Schema (422, with field paths),
                 or holds NaN, a lone surrogate or nesting over 200 levels.
             PayloadTooLarge: encoded input over ``TREADLE_MAX_PAYLOAD_BYTES`` (413).
+            InvalidInput: a state machine submitted without ``concurrency_key`` (422): the
+                key names the parent entity the run drives (DESIGN §1c).
         """
         input_text = json.dumps_limited(request.input, self.settings.max_payload_bytes, "input")
         definition = await self._definition(request.workflow, request.version)
+        if definition.kind == STATE_MACHINE_KIND and request.concurrency_key is None:
+            raise InvalidInput(
+                f"workflow {request.workflow!r} is a state machine: concurrency_key (the "
+                "parent entity it drives) is required",
+                errors=[{"path": "concurrency_key", "message": "required for a state machine"}],
+            )
         errors = sorted(definition.validator.iter_errors(request.input), key=lambda e: list(e.path))
         if errors:
             raise InvalidInput(
@@ -183,6 +197,7 @@ class Submitter:
         Raises:
             WorkflowNotFound, InvalidInput, PayloadTooLarge: see :meth:`prepare`.
             IdempotencyConflict: the key was used for a different request (409).
+            ConcurrencyKeyBusy: another active run holds the concurrency key (409).
         """
         input_text, version = await self.prepare(request)
         access = await self.access(request.workflow, version)
@@ -216,6 +231,7 @@ async def insert_prepared(
     Raises:
         IdempotencyConflict: the key was used for a different request (409), or by
             another subject for an owner-policy run (which must stay invisible to it).
+        ConcurrencyKeyBusy: another active run holds the concurrency key (409).
     """
     fingerprint = request.fingerprint()
     row = await runs_q.insert_run(

@@ -73,8 +73,11 @@ async def attempt(
     attempt: int,
     adapter: TypeAdapter[Any],
     detail: str | None,
+    kind: str = "transaction",
 ) -> Any:
     """Run one attempt of a transactional step (see ``WorkflowContext.transaction``).
+
+    ``kind`` is journaled: ``transaction``, or ``compensation`` for a transactional undo.
 
     Returns:
         The validated result (as a replay would return it), or the executor's retry marker
@@ -110,7 +113,7 @@ async def attempt(
                 raise _BadOutput(exc) from exc
             # The fenced write: zero rows raises LeaseLost, which rolls back fn's writes.
             await runs_q.check_fence(conn, ex.run_id, ex.fence)
-            await _record_start(ex, conn, step_id, seq, name, retry, attempt, detail)
+            await _record_start(ex, conn, step_id, seq, name, retry, attempt, detail, kind)
             await steps_q.finish_attempt(
                 conn,
                 run_id=ex.run_id,
@@ -129,7 +132,7 @@ async def attempt(
                 data={"attempt": attempt},
             )
     except _BadOutput as exc:
-        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail)
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
         await ex._finish_step_failed(
             step_id,
             StepStatus.FAILED,
@@ -138,15 +141,15 @@ async def attempt(
             attempt,
         )
     except Permanent as exc:
-        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail)
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
         await ex._finish_step_failed(
             step_id, StepStatus.FAILED, RunReason.FAILURE_NON_RETRYABLE, _error_info(exc), attempt
         )
     except TimeoutError as exc:
-        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail)
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
         return await ex._after_error(step_id, retry, attempt, exc, timed_out=timeout)
     except Exception as exc:  # noqa: BLE001 - any other error is retryable by contract
-        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail)
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
         return await ex._after_error(step_id, retry, attempt, exc, timed_out=None)
     finally:
         _current_step.reset(token)
@@ -168,6 +171,7 @@ async def _record_start(
     retry: RetryPolicy,
     attempt: int,
     detail: str | None,
+    kind: str,
 ) -> None:
     await steps_q.start_attempt(
         conn,
@@ -176,7 +180,7 @@ async def _record_start(
         step_id=step_id,
         seq=seq,
         detail=detail,
-        kind="transaction",
+        kind=kind,
         name=name,
         attempt=attempt,
         max_attempts=retry.max_attempts,
@@ -200,10 +204,11 @@ async def _start_failed_attempt(
     retry: RetryPolicy,
     attempt: int,
     detail: str | None,
+    kind: str,
 ) -> None:
     # The attempt's transaction was rolled back; journal that it happened, so the failure
     # written next (by the executor) counts against the retry budget.
     async def start(conn: AsyncConnection) -> None:
-        await _record_start(ex, conn, step_id, seq, name, retry, attempt, detail)
+        await _record_start(ex, conn, step_id, seq, name, retry, attempt, detail, kind)
 
     await ex.write(start)

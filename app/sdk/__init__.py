@@ -11,6 +11,13 @@ from app.sdk.errors import (
     WaitTimedOut,
 )
 from app.sdk.retry import RetryPolicy
+from app.sdk.state_machine import (
+    StateMachine,
+    StateMachineDefinitionError,
+    StateMachineWorkflow,
+    current_session,
+    state_machine,
+)
 from app.sdk.workflow import WorkflowDefinition, workflow
 
 __all__ = [
@@ -22,13 +29,18 @@ __all__ = [
     "NondeterminismError",
     "Permanent",
     "RetryPolicy",
+    "StateMachine",
+    "StateMachineDefinitionError",
+    "StateMachineWorkflow",
     "StepFailed",
     "StepInfo",
     "WaitTimedOut",
     "WorkflowContext",
     "WorkflowDefinition",
+    "current_session",
     "current_step",
     "flow",
     "join",
+    "state_machine",
     "workflow",
 ]

@@ -82,6 +82,8 @@ class WorkflowContext(abc.ABC):
 
     run_id: uuid.UUID
     workflow: str
+    concurrency_key: str | None
+    """The run's concurrency key (a state machine's parent), or None."""
 
     @overload
     def step(
@@ -224,8 +226,17 @@ class WorkflowContext(abc.ABC):
         name: str | None,
         retry: RetryPolicy | None,
         timeout: float | None,
+        on_cancel: Callable[..., Awaitable[Any]] | None = None,
+        on_cancel_args: tuple[Any, ...] = (),
+        on_cancel_retry: RetryPolicy | None = None,
     ) -> Awaitable[Any]:
-        """Engine hook behind :meth:`transaction`."""
+        """Engine hook behind :meth:`transaction`.
+
+        ``on_cancel`` (used by state machines) is an undo action that only a *cancel*
+        triggers, run as a transactional step ``on_cancel(tx, *on_cancel_args, result)``;
+        a later transaction's ``on_cancel`` replaces an earlier one, so a cancel runs only
+        the latest.
+        """
 
     @abc.abstractmethod
     async def sleep(self, seconds: float) -> None:

@@ -38,6 +38,9 @@ class WorkflowDefinition(Generic[InT, OutT]):
     output_adapter: TypeAdapter[OutT] = field(repr=False)
     kind: str = "workflow"
     access: Access = "tenant"
+    # State machines: one JSON-able entry per state (name, fields schema, initial,
+    # terminal, timer_seconds), registered with the definition. None for other kinds.
+    states: list[dict[str, Any]] | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -125,14 +128,17 @@ def _check_name(name: str) -> None:
 def definitions_in(module: ModuleType) -> list[WorkflowDefinition[Any, Any]]:
     """Return every workflow definition bound at the top level of ``module``.
 
-    That is every :class:`WorkflowDefinition`, plus the definition of each typed DAG whose
-    end node is bound there (see :func:`app.sdk.dag.dag_definitions`).
+    That is every :class:`WorkflowDefinition`, the definition of every state machine
+    (:class:`app.sdk.state_machine.StateMachineWorkflow`), plus the definition of each
+    typed DAG whose end node is bound there (see :func:`app.sdk.dag.dag_definitions`).
 
     Raises:
         DagDefinitionError: a DAG of the module has two end nodes.
     """
     from app.sdk.dag import dag_definitions  # dag builds on this module
+    from app.sdk.state_machine import StateMachineWorkflow
 
     values = list(vars(module).values())
     found = [v for v in values if isinstance(v, WorkflowDefinition)]
+    found += [v.definition for v in values if isinstance(v, StateMachineWorkflow)]
     return found + [d for d in dag_definitions(values) if d not in found]

@@ -8,14 +8,19 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 from sqlalchemy import RowMapping
 
+from app.api.app import create_app
+from app.auth.dev import DevTokens
+from app.auth.principal import ALL_SCOPES
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.queries import runs as runs_q
 from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
 from app.worker.worker import Worker
+from tests.conftest import DEV_SECRET
 from tests.helpers import wait_for
 
 
@@ -65,3 +70,18 @@ async def reach(
         return row if row["status"] in statuses else None
 
     return await wait_for(probe, timeout=timeout, what=f"run {run_id} in {statuses}")
+
+
+@contextlib.asynccontextmanager
+async def api_client(
+    settings: Settings, db: Database, tenant: str, *, subject: str = "t"
+) -> AsyncIterator[httpx.AsyncClient]:
+    """An HTTP client on an in-process API app (real routes, real database, no socket)."""
+    app = create_app(settings, db=db, check_schema_on_start=False)
+    tok = DevTokens(DEV_SECRET).mint(tenant_id=tenant, subject=subject, scopes=ALL_SCOPES)
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://test",
+        headers={"Authorization": f"Bearer {tok}"},
+    ) as client:
+        yield client

@@ -47,6 +47,7 @@ from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
+from app.db.queries import states as states_q
 from app.db.queries import steps as steps_q
 from app.engine import control
 from app.engine.submit import SubmitRequest
@@ -74,7 +75,10 @@ async def _load(db: DB, principal: Principal, run_id: str, tenant: str | None) -
     response_model=schemas.Run,
     responses={
         200: {"model": schemas.Run, "description": "Identical idempotent retry: the same run"},
-        409: {"model": schemas.Problem, "description": "Idempotency key reused differently"},
+        409: {
+            "model": schemas.Problem,
+            "description": "Idempotency key reused differently, or concurrency key busy",
+        },
         413: {"model": schemas.Problem, "description": "Payload over the limit"},
         **_PROBLEMS,
     },
@@ -94,8 +98,10 @@ async def submit_run(
     Returns 201 with a ``Location`` header for a new run, or 200 with the same run for a
     retry carrying the same idempotency key (body field or ``Idempotency-Key`` header) and
     an identical request. Errors: 404 unknown workflow or version; 422 input invalid for
-    the registered schema (with field paths); 409 key reused for a different request;
-    413 input over ``TREADLE_MAX_PAYLOAD_BYTES``.
+    the registered schema (with field paths); 409 key reused for a different request,
+    or ``concurrency_key`` held by another active run of the workflow (``code``
+    ``concurrency_key_busy``, ``active_run_id`` names it); 413 input over
+    ``TREADLE_MAX_PAYLOAD_BYTES``.
     """
     key = body.idempotency_key
     if idempotency_key_header is not None:
@@ -199,13 +205,16 @@ async def get_run(
     """Snapshot of one run: status, reason, waits, step counts, lease and timestamps.
 
     ``blocked_reason`` says why a queued run cannot start (e.g. no live worker registered
-    its pinned workflow version).
+    its pinned workflow version). For a state machine, ``state`` is its typed current
+    state ``{"name", "fields"}``: the last committed transition's (the initial state
+    before the first).
     """
     async with db.read() as conn:
         row = await visible_run(conn, principal, parse_run_id(run_id), tenant)
         counts = await steps_q.count_by_status(conn, row["run_id"])
         blocked = await _blocked(conn, row, settings)
-    return run_view(row, counts, blocked)
+        state = await states_q.current_state(conn, row)
+    return run_view(row, counts, blocked, state)
 
 
 async def _blocked(conn: AsyncConnection, row: RowMapping, settings: Settings) -> str | None:
@@ -377,6 +386,7 @@ async def get_run_report(
         row = await visible_run(conn, principal, rid, tenant)
         counts = await steps_q.count_by_status(conn, rid)
         blocked = await _blocked(conn, row, settings)
+        state = await states_q.current_state(conn, row)
         step_rows = await steps_q.list_steps(
             conn, principal.tenant_id, rid, after_seq=None, limit=10_000
         )
@@ -386,7 +396,7 @@ async def get_run_report(
     redacted = is_redacted(row)
     report = schemas.RunReport(
         generated_at=now,
-        run=run_view(row, counts, blocked),
+        run=run_view(row, counts, blocked, state),
         steps=[step_view(s, redacted) for s in step_rows],
         events=[event_view(e, redacted) for e in event_rows[:events_limit]],
         events_truncated=len(event_rows) > events_limit,

@@ -50,6 +50,7 @@ async def list_workflows(
                 access=r["access"],
                 input_schema=json.loads(r["input_schema"]),
                 output_schema=json.loads(r["output_schema"]),
+                states=json.loads(r["states"]),
                 first_registered_at=r["first_registered_at"],
                 last_registered_at=r["last_registered_at"],
                 live_workers=sorted(runs_by_key.get(f"{r['name']}@{r['version']}", [])),

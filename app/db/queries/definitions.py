@@ -27,8 +27,13 @@ async def upsert_definition(
     input_schema: str,
     output_schema: str,
     access: str = "tenant",
+    states: str | None = None,
 ) -> None:
-    """Register (or refresh) one workflow definition version (with its access policy)."""
+    """Register (or refresh) one workflow definition version.
+
+    ``access`` is its access policy (``tenant`` or ``owner``); ``states`` is a state
+    machine's JSON list of states (None for other kinds).
+    """
     now = now_expr(conn.dialect.name)
     stmt = _insert(conn, workflow_definitions).values(
         name=name,
@@ -37,6 +42,7 @@ async def upsert_definition(
         input_schema=input_schema,
         output_schema=output_schema,
         access=access,
+        states=states,
         first_registered_at=now,
         last_registered_at=now,
     )
@@ -47,6 +53,7 @@ async def upsert_definition(
             "input_schema": input_schema,
             "output_schema": output_schema,
             "access": access,
+            "states": states,
             "last_registered_at": now,
         },
     )

@@ -23,9 +23,10 @@ from sqlalchemy import (
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core.errors import LeaseLost, RunArchived, RunNotFound
+from app.core.errors import ConcurrencyKeyBusy, LeaseLost, RunArchived, RunNotFound
 from app.core.status import TERMINAL_RUN_STATUSES, RunStatus
 from app.db.dialect import now_expr, now_plus
 from app.db.tables import runs, runs_archive
@@ -71,12 +72,18 @@ def _dialect(conn: AsyncConnection) -> str:
 async def insert_run(conn: AsyncConnection, values: dict[str, Any]) -> RowMapping | None:
     """Insert a run unless ``(tenant_id, idempotency_key)`` already exists.
 
-    ``created_at``/``updated_at``/``available_at`` are set from the database clock.
+    ``created_at``/``updated_at``/``available_at`` are set from the database clock. A run
+    with a ``concurrency_key`` is admitted by the insert itself: the partial unique index
+    ``uq_runs_active_concurrency_key`` lets at most one non-terminal run hold a key.
 
     Returns:
         The inserted row, or None when an idempotency-key twin exists (the caller then
         reads it with :func:`get_by_idempotency_key`). Uses ``ON CONFLICT DO NOTHING`` so
         concurrent identical submissions never raise.
+
+    Raises:
+        ConcurrencyKeyBusy: another active run of the workflow holds the concurrency key
+            (``active_run_id`` names it).
     """
     dialect = _dialect(conn)
     now = now_expr(dialect)
@@ -90,9 +97,62 @@ async def insert_run(conn: AsyncConnection, values: dict[str, Any]) -> RowMappin
         stmt = postgresql.insert(runs).values(row)
     else:
         stmt = sqlite.insert(runs).values(row)
-    stmt = stmt.on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
-    result = await conn.execute(stmt.returning(*runs.c))
-    return result.mappings().first()
+    stmt = stmt.on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"]).returning(
+        *runs.c
+    )
+    key = values.get("concurrency_key")
+    if key is None:
+        return (await conn.execute(stmt)).mappings().first()
+    # The key index is not the ON CONFLICT arbiter, so a busy key raises; the savepoint
+    # keeps the caller's transaction usable (PostgreSQL aborts it on any error otherwise).
+    # A run that held the key may finish between the failed insert and our look-up, so
+    # try again a few times before giving up with a generic conflict.
+    for _ in range(3):
+        try:
+            async with conn.begin_nested():
+                return (await conn.execute(stmt)).mappings().first()
+        except IntegrityError as exc:
+            if not is_concurrency_key_violation(exc):
+                raise
+        idem = values.get("idempotency_key")
+        if idem is not None and await get_by_idempotency_key(conn, values["tenant_id"], idem):
+            return None  # an identical submission won the race: the caller replays it
+        active = await active_run_for_key(conn, values["tenant_id"], values["workflow"], key)
+        if active is not None:
+            raise ConcurrencyKeyBusy(
+                f"concurrency key {key!r} of workflow {values['workflow']!r} is held by "
+                f"active run {active}",
+                active_run_id=str(active),
+                concurrency_key=key,
+            )
+    raise ConcurrencyKeyBusy(  # pragma: no cover - needs three finish/submit races in a row
+        f"concurrency key {key!r} is busy; retry the request", concurrency_key=key
+    )
+
+
+def is_concurrency_key_violation(exc: IntegrityError) -> bool:
+    """True when ``exc`` is a violation of the active-concurrency-key index.
+
+    PostgreSQL names the index in the message; SQLite names its columns instead.
+    """
+    message = str(exc.orig)
+    return "uq_runs_active_concurrency_key" in message or (
+        "runs.tenant_id, runs.workflow, runs.concurrency_key" in message
+    )
+
+
+async def active_run_for_key(
+    conn: AsyncConnection, tenant_id: str, workflow: str, key: str
+) -> uuid.UUID | None:
+    """The tenant's non-terminal run of ``workflow`` holding concurrency ``key``, if any."""
+    stmt = select(runs.c.run_id).where(
+        runs.c.tenant_id == tenant_id,
+        runs.c.workflow == workflow,
+        runs.c.concurrency_key == key,
+        ~terminal_filter(),
+    )
+    found = (await conn.execute(stmt)).scalar()
+    return None if found is None else uuid.UUID(str(found))
 
 
 async def get_by_idempotency_key(

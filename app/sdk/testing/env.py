@@ -332,6 +332,7 @@ class WorkflowTestEnv:
         input: BaseModel | dict[str, Any],
         *,
         idempotency_key: str | None = None,
+        concurrency_key: str | None = None,
         delay: float | None = None,
         settle: bool = True,
     ) -> RunHandle[OutT]:
@@ -342,6 +343,7 @@ class WorkflowTestEnv:
             input: the input model, or its JSON form (validated against the registered
                 JSON Schema, like the API does).
             idempotency_key: optional, as in ``POST /runs``.
+            concurrency_key: optional, as in ``POST /runs`` (a state machine's parent).
             delay: seconds before the run becomes claimable (virtual time).
             settle: False to return right after the submit (nothing executed yet).
 
@@ -357,6 +359,7 @@ class WorkflowTestEnv:
                 input=payload,
                 version=workflow.version,
                 idempotency_key=idempotency_key,
+                concurrency_key=concurrency_key,
                 delay=delay,
             ),
             tenant_id=self.tenant_id,
