@@ -196,7 +196,7 @@ class Worker:
     async def _execute(self, row: RowMapping) -> None:
         run_id: uuid.UUID = row["run_id"]
         fence = int(row["fence"])
-        rlog = self.log.bind(run_id=str(run_id), workflow=row["workflow"])
+        rlog = self.log.bind(run_id=str(run_id), workflow=row["workflow"], tenant=row["tenant_id"])
         try:
             definition = self.registry.get(row["workflow"], row["version"])
             if definition is None:  # pragma: no cover - the claim filters on registered keys

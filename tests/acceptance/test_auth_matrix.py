@@ -83,10 +83,28 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/dead-letters/{dead_letter_id}/requeue"): {"reason": "matrix"},
     ("POST", "/admin/api-keys"): {"name": "matrix", "scopes": ["runs:read"]},
     ("DELETE", "/admin/api-keys/{key_id}"): None,
+    ("POST", "/runs/{run_id}/migrate"): {"version": "2"},
+    ("POST", "/admin/maintenance"): {"dry_run": True},
+    ("POST", "/schedules"): {
+        "name": "matrix-new",
+        "workflow": "matrix-owned",
+        "input": {"n": 1},
+        "cron": "0 0 1 1 *",
+    },
+    ("PATCH", "/schedules/{schedule_id}"): {"jitter_seconds": 1},
+    ("POST", "/schedules/{schedule_id}/pause"): None,
+    ("POST", "/schedules/{schedule_id}/resume"): None,
+    ("POST", "/schedules/{schedule_id}/trigger"): None,
 }
-# Endpoints that create something in the caller's own tenant: "other tenant" and "owner"
-# do not apply (there is no one else's object to reach).
-CREATES = {("POST", "/runs"), ("POST", "/admin/api-keys")}
+# Endpoints that create something in the caller's own tenant, or act on the whole
+# deployment (maintenance): "other tenant" and "owner" do not apply (there is no one
+# else's object to reach).
+CREATES = {
+    ("POST", "/runs"),
+    ("POST", "/admin/api-keys"),
+    ("POST", "/schedules"),
+    ("POST", "/admin/maintenance"),
+}
 
 
 class Nothing(BaseModel):
@@ -220,12 +238,14 @@ class World:
     dead_letter_id: str
     key_id: str
     revoked_key: str
+    schedule_id: str
 
     def fill(self, endpoint: Endpoint, *, missing: bool = False) -> str:
         values = {
             "run_id": self.run_id,
             "dead_letter_id": self.dead_letter_id,
             "key_id": self.key_id,
+            "schedule_id": self.schedule_id,
             "step_id": STEP_ID,
             "name": SIGNAL,
         }
@@ -240,7 +260,7 @@ class World:
 
     @property
     def ids(self) -> list[str]:
-        return [self.run_id, self.dead_letter_id, self.key_id]
+        return [self.run_id, self.dead_letter_id, self.key_id, self.schedule_id]
 
 
 async def snapshot(db: Database, run_id: str) -> dict[str, Any]:
@@ -317,6 +337,18 @@ async def _seed(stack: Stack, tokens: Tokens, db: Database) -> World:
             f"/admin/api-keys/{keys[1]['key_id']}", headers={"Authorization": f"Bearer {admin}"}
         )
         assert revoked.status_code == 200
+        schedule = await c.post(
+            "/schedules",
+            json={
+                "name": "matrix",
+                "workflow": "matrix-owned",
+                "input": {"n": 1},
+                "cron": "0 0 1 1 *",
+                "paused": True,
+            },
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert schedule.status_code == 201, schedule.text
     async with db.write() as conn:
         dl_id = await dl_q.insert_dead_letter(
             conn,
@@ -331,6 +363,7 @@ async def _seed(stack: Stack, tokens: Tokens, db: Database) -> World:
         dead_letter_id=str(dl_id),
         key_id=keys[0]["key_id"],
         revoked_key=keys[1]["api_key"],
+        schedule_id=schedule.json()["schedule_id"],
     )
 
 
@@ -352,8 +385,13 @@ def _applies(case: str, endpoint: Endpoint) -> bool:
     if case == "other tenant":
         return key not in CREATES
     if case == "owner policy violation":
-        # Admin endpoints are not subject to the owner policy (admin sees every owner).
-        return key not in CREATES and endpoint.scope != Scope.ADMIN
+        # Admin endpoints are not subject to the owner policy (admin sees every owner);
+        # schedules belong to the tenant, not to a subject.
+        return (
+            key not in CREATES
+            and endpoint.scope != Scope.ADMIN
+            and not endpoint.path.startswith("/schedules")
+        )
     return True
 
 
