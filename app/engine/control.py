@@ -329,18 +329,15 @@ async def requeue_dead_letter(
         InvalidState: already requeued, or the run is no longer failed (409).
     """
     async with db.write() as conn:
-        dl = (
-            (
-                await conn.execute(
-                    select(dead_letters).where(
-                        dead_letters.c.dead_letter_id == dead_letter_id,
-                        dead_letters.c.tenant_id == tenant_id,
-                    )
-                )
-            )
-            .mappings()
-            .first()
+        stmt = select(dead_letters).where(
+            dead_letters.c.dead_letter_id == dead_letter_id,
+            dead_letters.c.tenant_id == tenant_id,
         )
+        if conn.dialect.name == "postgresql":
+            # Lock the letter: a concurrent requeue waits here and then sees "requeued",
+            # even if the run has failed again in between (SQLite: the write lock does).
+            stmt = stmt.with_for_update()
+        dl = (await conn.execute(stmt)).mappings().first()
         if dl is None:
             raise DeadLetterNotFound(f"dead letter {dead_letter_id} not found")
         if dl["status"] != "pending":

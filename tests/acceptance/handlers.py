@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from app.sdk import RetryPolicy, WorkflowContext, current_step, workflow
+from app.sdk import Permanent, RetryPolicy, WorkflowContext, current_step, workflow
 
 
 def _dir() -> Path:
@@ -95,3 +95,14 @@ async def sleep_flow(ctx: WorkflowContext, nap: Nap) -> str:
     await ctx.sleep(nap.seconds)
     after = await ctx.now()
     return f"{(after - before).total_seconds():.3f}"
+
+
+def refuse(name: str) -> str:
+    """Fail for good: the run ends ``failed`` with a dead letter."""
+    raise Permanent(ValueError(f"{name} is refused"))
+
+
+@workflow("acc-fail")
+async def fail_flow(ctx: WorkflowContext, job: Job) -> str:
+    """One step that fails permanently (dead letters for the fuzzer to requeue)."""
+    return await ctx.step(refuse, job.name)

@@ -24,7 +24,7 @@ from app.api.deps import (
     SubmitterDep,
     wake_workers,
 )
-from app.api.pagination import decode_token, encode_token, int_position
+from app.api.pagination import INT32_MAX, decode_token, encode_token, int_position
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
 from app.api.views import dead_letter_view, event_view, render_report_text, run_view, step_view
 from app.auth.principal import Principal
@@ -78,7 +78,13 @@ async def submit_run(
     principal: RunsWrite,
     submitter: SubmitterDep,
     idempotency_key_header: Annotated[
-        str | None, Header(alias="Idempotency-Key", max_length=255)
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=255,
+            json_schema_extra=schemas.NO_CONTROL_CHARS,
+        ),
     ] = None,
 ) -> schemas.Run:
     """Submit a run of a registered workflow.
@@ -263,7 +269,7 @@ async def list_run_steps(
     """The run's steps in call order, with attempts, timings and errors."""
     rid = parse_run_id(run_id)
     scope = f"steps:{rid}"
-    after = int_position(page_token, principal.tenant_id, scope)
+    after = int_position(page_token, principal.tenant_id, scope, maximum=INT32_MAX)  # seq: INTEGER
     async with db.read() as conn:
         await runs_q.get_run(conn, principal.tenant_id, rid)
         rows = await steps_q.list_steps(conn, rid, after_seq=after, limit=limit + 1)
