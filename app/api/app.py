@@ -45,19 +45,34 @@ class BodyLimit:
     """ASGI middleware: refuse request bodies over ``limit`` bytes with 413 problem+json.
 
     Checks ``Content-Length`` up front and counts streamed bytes, so an oversized body is
-    never buffered whole.
+    never buffered whole. Also refuses headers totalling over ``header_limit`` bytes with
+    431: the HTTP server (h11) already stops reading a request head that grows past that
+    size, but only checks between socket reads, so this makes the ceiling exact.
     """
 
-    def __init__(self, app: ASGIApp, limit: int) -> None:
+    def __init__(self, app: ASGIApp, limit: int, header_limit: int) -> None:
         self.app = app
         self.limit = limit
+        self.header_limit = header_limit
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        for name, value in scope.get("headers", []):
+        headers = scope.get("headers", [])
+        header_bytes = sum(len(name) + len(value) + 4 for name, value in headers)
+        if header_bytes > self.header_limit:
+            response = problems.problem(
+                431,
+                "headers_too_large",
+                f"request headers exceed {self.header_limit} bytes",
+                instance=scope.get("path"),
+                limit_bytes=self.header_limit,
+            )
+            await response(scope, receive, send)
+            return
+        for name, value in headers:
             if name == b"content-length":
                 try:
                     too_big = int(value) > self.limit
@@ -243,7 +258,11 @@ def create_app(
     app.include_router(schedules.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
-    app.add_middleware(BodyLimit, limit=settings.max_payload_bytes + _ENVELOPE_BYTES)
+    app.add_middleware(
+        BodyLimit,
+        limit=settings.max_payload_bytes + _ENVELOPE_BYTES,
+        header_limit=settings.max_header_bytes,
+    )
     app.add_middleware(HttpMetrics)
     app.add_middleware(RequestId)
     generate = app.openapi

@@ -13,6 +13,7 @@ from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from app.core import errors
+from app.core.json import MAX_DEPTH
 
 log = structlog.get_logger("treadle.api")
 
@@ -74,6 +75,7 @@ _TITLES = {
     413: "Content Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
+    431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
 }
@@ -149,6 +151,22 @@ async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
 
 async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     assert isinstance(exc, StarletteHTTPException)
+    # FastAPI turns any body-parsing failure other than a JSON syntax error into a generic
+    # 400 "There was an error parsing the body", chaining the cause: name the two causes
+    # a client can send like every other invalid payload.
+    cause = exc.__cause__
+    if isinstance(cause, RecursionError):
+        return problem(
+            422,
+            "invalid_input",
+            f"request body is nested deeper than {MAX_DEPTH} levels",
+            instance=request.url.path,
+            errors=[{"path": "$", "message": f"nesting over {MAX_DEPTH} levels"}],
+        )
+    if isinstance(cause, UnicodeDecodeError):
+        return problem(
+            400, "malformed_json", "request body is not valid UTF-8", instance=request.url.path
+        )
     code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
         exc.status_code, "http_error"
     )

@@ -22,7 +22,15 @@ def _printable(value: str) -> str:
     return value
 
 
-Identifier = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_printable)]
+NO_CONTROL_CHARS: dict[str, Any] = {"pattern": r"^[^\x00-\x1f\x7f]*$"}
+"""``json_schema_extra`` documenting :func:`_printable` in the spec (the validator itself
+gives the clearer message); clients and fuzzers then know control characters are refused."""
+
+Identifier = Annotated[
+    str,
+    Field(min_length=1, max_length=255, json_schema_extra=NO_CONTROL_CHARS),
+    AfterValidator(_printable),
+]
 WorkflowName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
 
@@ -49,7 +57,13 @@ class SubmitRunRequest(BaseModel):
         description="JSON input, validated against the workflow's registered input schema.",
     )
     version: (
-        Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_printable)] | int | None
+        Annotated[
+            str,
+            Field(min_length=1, max_length=64, json_schema_extra=NO_CONTROL_CHARS),
+            AfterValidator(_printable),
+        ]
+        | int
+        | None
     ) = Field(default=None, description="Pin a definition version; default the latest registered.")
     idempotency_key: Identifier | None = Field(
         default=None,
@@ -76,7 +90,14 @@ class CancelRunRequest(BaseModel):
         json_schema_extra={"examples": [{"reason": "customer withdrew the order"}]},
     )
 
-    reason: Annotated[str, Field(max_length=1000), AfterValidator(_printable)] | None = None
+    reason: (
+        Annotated[
+            str,
+            Field(max_length=1000, json_schema_extra=NO_CONTROL_CHARS),
+            AfterValidator(_printable),
+        ]
+        | None
+    ) = None
 
 
 class WaitingOn(BaseModel):
@@ -385,7 +406,14 @@ class ApprovalDecisionRequest(BaseModel):
 
     decision: Literal["approve", "reject"]
     payload: Any = None
-    comment: Annotated[str, Field(max_length=2000), AfterValidator(_printable)] | None = None
+    comment: (
+        Annotated[
+            str,
+            Field(max_length=2000, json_schema_extra=NO_CONTROL_CHARS),
+            AfterValidator(_printable),
+        ]
+        | None
+    ) = None
 
 
 class ApprovalDecisionResult(BaseModel):
@@ -409,7 +437,11 @@ class RequeueRequest(BaseModel):
         },
     )
 
-    reason: Annotated[str, Field(min_length=1, max_length=1000), AfterValidator(_printable)]
+    reason: Annotated[
+        str,
+        Field(min_length=1, max_length=1000, json_schema_extra=NO_CONTROL_CHARS),
+        AfterValidator(_printable),
+    ]
     correlation_id: Identifier | None = None
 
 

@@ -37,6 +37,9 @@ async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
+        # Same header ceiling as ``treadle serve`` (httptools has none).
+        http="h11",
+        h11_max_incomplete_event_size=settings.max_header_bytes,
     )
     server = uvicorn.Server(config)
     token = DevTokens(dev_secret(settings)).mint(

@@ -120,6 +120,10 @@ def serve(
         access_log=False,
         # Long-polls may wait minutes: on SIGTERM give them 5 s, then close (clients retry).
         timeout_graceful_shutdown=5,
+        # httptools buffers headers without a limit (a 20 MB header was accepted); h11
+        # refuses a request line plus headers over this size with 400 before the app runs.
+        http="h11",
+        h11_max_incomplete_event_size=settings.max_header_bytes,
     )
 
 

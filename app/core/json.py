@@ -84,7 +84,8 @@ def dumps_limited(value: Any, limit: int, what: str) -> str:
 
     Raises:
         PayloadTooLarge: the encoded value is longer than ``limit`` bytes.
-        InvalidInput: nested deeper than :data:`MAX_DEPTH`, a lone surrogate, NaN.
+        InvalidInput: nested deeper than :data:`MAX_DEPTH`, a lone surrogate, NaN or
+            Infinity, or a value JSON cannot represent (a set, bytes, a tuple as a key).
     """
     check_depth(value, what)
     try:
@@ -92,6 +93,11 @@ def dumps_limited(value: Any, limit: int, what: str) -> str:
     except ValueError as exc:  # NaN / Infinity: Python parses them, JSON does not have them
         raise InvalidInput(
             f"{what} contains NaN or Infinity, which JSON does not allow",
+            errors=[{"path": "$", "message": str(exc)}],
+        ) from exc
+    except TypeError as exc:  # a set, bytes, an object, a tuple as a key: not JSON at all
+        raise InvalidInput(
+            f"{what} is not JSON-serialisable: {exc}",
             errors=[{"path": "$", "message": str(exc)}],
         ) from exc
     if len(text) > limit:

@@ -85,6 +85,14 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(
         default=1_048_576, ge=1024, le=64 * 1_048_576, description="Ceiling on one JSON payload."
     )
+    max_header_bytes: int = Field(
+        default=65_536,
+        ge=4096,
+        le=1_048_576,
+        description="Ceiling on a request's line plus headers (bytes); larger requests get "
+        "400 and the connection is closed before the app sees them (uvicorn's h11 parser, "
+        "h11_max_incomplete_event_size).",
+    )
     max_steps_per_run: int = Field(
         default=10_000,
         ge=1,

@@ -358,18 +358,15 @@ async def requeue_dead_letter(
         ConcurrencyKeyBusy: a newer active run holds the run's concurrency key (409).
     """
     async with db.write() as conn:
-        dl = (
-            (
-                await conn.execute(
-                    select(dead_letters).where(
-                        dead_letters.c.dead_letter_id == dead_letter_id,
-                        dead_letters.c.tenant_id == tenant_id,
-                    )
-                )
-            )
-            .mappings()
-            .first()
+        stmt = select(dead_letters).where(
+            dead_letters.c.dead_letter_id == dead_letter_id,
+            dead_letters.c.tenant_id == tenant_id,
         )
+        if conn.dialect.name == "postgresql":
+            # Lock the letter: a concurrent requeue waits here and then sees "requeued",
+            # even if the run has failed again in between (SQLite: the write lock does).
+            stmt = stmt.with_for_update()
+        dl = (await conn.execute(stmt)).mappings().first()
         try:
             run = await runs_q.lock_run(conn, tenant_id, dl["run_id"], owner=owner) if dl else None
         except RunNotFound:

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from pydantic import BaseModel
 
-from app.sdk import RetryPolicy, WorkflowContext, current_step, workflow
+from app.sdk import Permanent, RetryPolicy, WorkflowContext, current_step, workflow
 
 
 def _dir() -> Path:
@@ -109,3 +109,14 @@ async def migrate_v2(ctx: WorkflowContext, job: Job) -> str:
     """Version 2: the same calls, so a version-1 journal replays on it."""
     await ctx.approval("manager", timeout=3600)
     return "v2"
+
+
+def refuse(name: str) -> str:
+    """Fail for good: the run ends ``failed`` with a dead letter."""
+    raise Permanent(ValueError(f"{name} is refused"))
+
+
+@workflow("acc-fail")
+async def fail_flow(ctx: WorkflowContext, job: Job) -> str:
+    """One step that fails permanently (dead letters for the fuzzer to requeue)."""
+    return await ctx.step(refuse, job.name)

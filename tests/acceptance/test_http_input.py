@@ -218,21 +218,22 @@ def _with_value(literal: bytes) -> bytes:
 
 
 # (what, body: bytes sent verbatim or a value sent as ASCII JSON, status, code, error path).
-# A code of None accepts any code: bodies the JSON parser chokes on in other ways than a
-# syntax error (bad UTF-8, nesting past its recursion limit) get FastAPI's generic
-# 400 "There was an error parsing the body" (code http_error) rather than malformed_json.
+# Bodies the JSON parser chokes on in other ways than a syntax error get the same problems
+# as other bad payloads: bad UTF-8 is malformed_json, nesting past the parser's recursion
+# limit is invalid_input like nesting past the 200-level payload limit.
 SUBMIT_REFUSALS: list[tuple[str, bytes | dict[str, Any], int, str | None, str | None]] = [
     ("truncated JSON", b'{"workflow":', 400, "malformed_json", None),
     ("trailing garbage", b'{"workflow":"acc-echo"} x', 400, "malformed_json", None),
     ("single quotes", b"{'workflow':'acc-echo'}", 400, "malformed_json", None),
-    ("not UTF-8", b'{"workflow":"acc-\xff\xfe"}', 400, None, None),
+    ("not UTF-8", b'{"workflow":"acc-\xff\xfe"}', 400, "malformed_json", None),
     (
         "nested past the parser's recursion limit",
         b'{"workflow":"acc-echo","input":{"value":' + b"[" * 5000 + b"]" * 5000 + b"}}",
-        400,
-        None,
-        None,
+        422,
+        "invalid_input",
+        "$",
     ),
+    ("a thousand levels", _with_value(b"[" * 1000 + b"]" * 1000), 422, "invalid_input", "$"),
     ("JSON array body", b'[{"workflow":"acc-echo"}]', 422, "invalid_request", "body"),
     # Python's parser accepts these; JSON (RFC 8259) has no NaN or Infinity.
     *[

@@ -27,7 +27,7 @@ from app.api.deps import (
     visible_run,
     wake_workers,
 )
-from app.api.pagination import decode_token, encode_token, int_position
+from app.api.pagination import INT32_MAX, decode_token, encode_token, int_position
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
 from app.api.views import (
     dead_letter_view,
@@ -90,7 +90,13 @@ async def submit_run(
     principal: RunsWrite,
     submitter: SubmitterDep,
     idempotency_key_header: Annotated[
-        str | None, Header(alias="Idempotency-Key", max_length=255)
+        str | None,
+        Header(
+            alias="Idempotency-Key",
+            min_length=1,
+            max_length=255,
+            json_schema_extra=schemas.NO_CONTROL_CHARS,
+        ),
     ] = None,
 ) -> schemas.Run:
     """Submit a run of a registered workflow.
@@ -299,7 +305,8 @@ async def list_run_steps(
         "status": status.value if status else None,
         "reason": reason.value if reason else None,
     }
-    after = int_position(page_token, principal.tenant_id, scope, filters)
+    # seq is an INTEGER column: a larger position would fail in the driver.
+    after = int_position(page_token, principal.tenant_id, scope, filters, maximum=INT32_MAX)
     async with db.read() as conn:
         run = await visible_run(conn, principal, rid, tenant)
         rows = await steps_q.list_steps(
