@@ -632,26 +632,15 @@ class RunExecution:
             )
 
         async def start(conn: AsyncConnection) -> None:
-            await steps_q.start_attempt(
+            await self.record_attempt_start(
                 conn,
-                run_id=self.run_id,
-                tenant_id=self.tenant_id,
                 step_id=step_id,
                 seq=seq,
-                detail=detail,
                 kind=kind,
                 name=name,
                 attempt=attempt,
                 max_attempts=retry.max_attempts,
-                fence=self.fence,
-            )
-            await events_q.append(
-                conn,
-                run_id=self.run_id,
-                tenant_id=self.tenant_id,
-                kind=EventKind.STEP_STARTED,
-                step_id=step_id,
-                data={"attempt": attempt, "worker_id": self.worker_id},
+                detail=detail,
             )
 
         await self.write(start)
@@ -720,6 +709,45 @@ class RunExecution:
         await self.write(succeed)
         # Return what a replay would return, so both paths behave identically.
         return adapter.validate_python(json.loads(text))
+
+    async def record_attempt_start(
+        self,
+        conn: AsyncConnection,
+        *,
+        step_id: str,
+        seq: int,
+        kind: str,
+        name: str,
+        attempt: int,
+        max_attempts: int,
+        detail: str | None,
+    ) -> None:
+        """Journal that attempt ``attempt`` of a step starts now, and its timeline event.
+
+        Call inside a fenced write (after the fence check, in the same transaction): the
+        start record is what lets an attempt cut short by a lost worker be recognised.
+        """
+        await steps_q.start_attempt(
+            conn,
+            run_id=self.run_id,
+            tenant_id=self.tenant_id,
+            step_id=step_id,
+            seq=seq,
+            detail=detail,
+            kind=kind,
+            name=name,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            fence=self.fence,
+        )
+        await events_q.append(
+            conn,
+            run_id=self.run_id,
+            tenant_id=self.tenant_id,
+            kind=EventKind.STEP_STARTED,
+            step_id=step_id,
+            data={"attempt": attempt, "worker_id": self.worker_id},
+        )
 
     async def _after_error(
         self,

@@ -113,7 +113,16 @@ async def attempt(
                 raise _BadOutput(exc) from exc
             # The fenced write: zero rows raises LeaseLost, which rolls back fn's writes.
             await runs_q.check_fence(conn, ex.run_id, ex.fence)
-            await _record_start(ex, conn, step_id, seq, name, retry, attempt, detail, kind)
+            await ex.record_attempt_start(
+                conn,
+                step_id=step_id,
+                seq=seq,
+                kind=kind,
+                name=name,
+                attempt=attempt,
+                max_attempts=retry.max_attempts,
+                detail=detail,
+            )
             await steps_q.finish_attempt(
                 conn,
                 run_id=ex.run_id,
@@ -162,40 +171,6 @@ def _error_info(exc: BaseException) -> dict[str, Any]:
     return error_info(exc)
 
 
-async def _record_start(
-    ex: RunExecution,
-    conn: AsyncConnection,
-    step_id: str,
-    seq: int,
-    name: str,
-    retry: RetryPolicy,
-    attempt: int,
-    detail: str | None,
-    kind: str,
-) -> None:
-    await steps_q.start_attempt(
-        conn,
-        run_id=ex.run_id,
-        tenant_id=ex.tenant_id,
-        step_id=step_id,
-        seq=seq,
-        detail=detail,
-        kind=kind,
-        name=name,
-        attempt=attempt,
-        max_attempts=retry.max_attempts,
-        fence=ex.fence,
-    )
-    await events_q.append(
-        conn,
-        run_id=ex.run_id,
-        tenant_id=ex.tenant_id,
-        kind=EventKind.STEP_STARTED,
-        step_id=step_id,
-        data={"attempt": attempt, "worker_id": ex.worker_id},
-    )
-
-
 async def _start_failed_attempt(
     ex: RunExecution,
     step_id: str,
@@ -209,6 +184,15 @@ async def _start_failed_attempt(
     # The attempt's transaction was rolled back; journal that it happened, so the failure
     # written next (by the executor) counts against the retry budget.
     async def start(conn: AsyncConnection) -> None:
-        await _record_start(ex, conn, step_id, seq, name, retry, attempt, detail, kind)
+        await ex.record_attempt_start(
+            conn,
+            step_id=step_id,
+            seq=seq,
+            kind=kind,
+            name=name,
+            attempt=attempt,
+            max_attempts=retry.max_attempts,
+            detail=detail,
+        )
 
     await ex.write(start)
