@@ -688,23 +688,7 @@ class RunExecution:
             )
 
         async def succeed(conn: AsyncConnection) -> None:
-            await steps_q.finish_attempt(
-                conn,
-                run_id=self.run_id,
-                step_id=step_id,
-                status=StepStatus.SUCCEEDED,
-                output=text,
-                error=None,
-                fence=self.fence,
-            )
-            await events_q.append(
-                conn,
-                run_id=self.run_id,
-                tenant_id=self.tenant_id,
-                kind=EventKind.STEP_SUCCEEDED,
-                step_id=step_id,
-                data={"attempt": attempt},
-            )
+            await self.record_attempt_success(conn, step_id=step_id, attempt=attempt, output=text)
 
         await self.write(succeed)
         # Return what a replay would return, so both paths behave identically.
@@ -747,6 +731,31 @@ class RunExecution:
             kind=EventKind.STEP_STARTED,
             step_id=step_id,
             data={"attempt": attempt, "worker_id": self.worker_id},
+        )
+
+    async def record_attempt_success(
+        self, conn: AsyncConnection, *, step_id: str, attempt: int, output: str
+    ) -> None:
+        """Journal a step's result (``output``: encoded JSON text) and its timeline event.
+
+        Call inside a fenced write, like :meth:`record_attempt_start`.
+        """
+        await steps_q.finish_attempt(
+            conn,
+            run_id=self.run_id,
+            step_id=step_id,
+            status=StepStatus.SUCCEEDED,
+            output=output,
+            error=None,
+            fence=self.fence,
+        )
+        await events_q.append(
+            conn,
+            run_id=self.run_id,
+            tenant_id=self.tenant_id,
+            kind=EventKind.STEP_SUCCEEDED,
+            step_id=step_id,
+            data={"attempt": attempt},
         )
 
     async def _after_error(

@@ -30,10 +30,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app.core import json
 from app.core.errors import InvalidInput, PayloadTooLarge
-from app.core.status import EventKind, RunReason, StepStatus
-from app.db.queries import events as events_q
+from app.core.status import RunReason, StepStatus
 from app.db.queries import runs as runs_q
-from app.db.queries import steps as steps_q
 from app.sdk.context import StepInfo, _current_step
 from app.sdk.errors import Permanent
 from app.sdk.retry import RetryPolicy
@@ -123,23 +121,7 @@ async def attempt(
                 max_attempts=retry.max_attempts,
                 detail=detail,
             )
-            await steps_q.finish_attempt(
-                conn,
-                run_id=ex.run_id,
-                step_id=step_id,
-                status=StepStatus.SUCCEEDED,
-                output=text,
-                error=None,
-                fence=ex.fence,
-            )
-            await events_q.append(
-                conn,
-                run_id=ex.run_id,
-                tenant_id=ex.tenant_id,
-                kind=EventKind.STEP_SUCCEEDED,
-                step_id=step_id,
-                data={"attempt": attempt},
-            )
+            await ex.record_attempt_success(conn, step_id=step_id, attempt=attempt, output=text)
     except _BadOutput as exc:
         await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
         await ex._finish_step_failed(
