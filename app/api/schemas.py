@@ -72,9 +72,19 @@ class SubmitRunRequest(BaseModel):
     )
     concurrency_key: Identifier | None = Field(
         default=None,
-        description="At most one active (non-terminal) run of the workflow per key: a "
-        "second submission is 409 naming the active run (`active_run_id`). Required for "
-        "state machines, where it names the parent entity.",
+        description="At most `key_limit` (default 1) active (non-terminal) runs of the "
+        "workflow per key: beyond it a submission is 409 naming an active run "
+        "(`active_run_id`), or, when the workflow declares `on_limit: queue`, accepted "
+        "`queued` and started in submission order as slots free. Required for state "
+        "machines, where it names the parent entity.",
+    )
+    priority: int = Field(
+        default=0,
+        ge=-100,
+        le=100,
+        description="Among runs due at the same time, higher priority is claimed first "
+        "(-100..100, default 0). It does not reorder runs queued behind a busy concurrency "
+        "key, which start in submission order.",
     )
     delay: float | None = Field(
         default=None, ge=0, le=366 * 86400, description="Seconds before the run may start."
@@ -128,6 +138,7 @@ class Run(BaseModel):
     error: Any | None
     idempotency_key: str | None
     concurrency_key: str | None
+    priority: int = Field(default=0, description="Claim priority chosen at submit (-100..100).")
     attempt: int = Field(description="How many times a worker has claimed the run.")
     lease_owner: str | None
     lease_expires_at: datetime | None
@@ -285,6 +296,29 @@ class MachineState(BaseModel):
     )
 
 
+class RateLimitView(BaseModel):
+    """A declared rate limit on run starts (GCRA; app/sdk/queue.py)."""
+
+    per_second: float = Field(description="Sustained run starts per second.")
+    burst: int = Field(description="Starts allowed at once after an idle period.")
+    by: Literal["workflow", "key"] = Field(
+        description="One budget for the whole workflow, or one per concurrency key."
+    )
+
+
+class QueueControlsView(BaseModel):
+    """The queue controls a workflow version declares (``GET /workflows``)."""
+
+    key_limit: int = Field(description="Active runs allowed per concurrency key.")
+    on_limit: Literal["reject", "queue"] = Field(
+        description="Beyond `key_limit`: 409 (`reject`) or wait `queued` in order (`queue`)."
+    )
+    concurrency_limit: int | None = Field(
+        description="Runs executing at once across all workers and tenants (null: no limit)."
+    )
+    rate_limit: RateLimitView | None
+
+
 class WorkflowVersion(BaseModel):
     """One registered version of a workflow."""
 
@@ -295,6 +329,9 @@ class WorkflowVersion(BaseModel):
     output_schema: Any
     states: list[MachineState] | None = Field(
         default=None, description="A state machine's states (null for other kinds)."
+    )
+    queue_controls: QueueControlsView = Field(
+        description="Per-key limit, global concurrency limit and rate limit it declares."
     )
     first_registered_at: datetime
     last_registered_at: datetime

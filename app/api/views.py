@@ -60,6 +60,7 @@ def run_view(
         error=json.loads(row["error"]),
         idempotency_key=row["idempotency_key"],
         concurrency_key=row["concurrency_key"],
+        priority=row["priority"],
         attempt=row["attempt"],
         lease_owner=row["lease_owner"],
         lease_expires_at=row["lease_expires_at"],

@@ -54,6 +54,8 @@ workflow_definitions = Table(
     Column("access", String(16), nullable=False, server_default=text("'tenant'")),
     # State machines: JSON list of their states (name, fields schema, timer, terminal).
     Column("states", Text, nullable=True),
+    # JSON of app.sdk.queue.QueueControls.to_json(); NULL (registered before 0008): defaults.
+    Column("queue_controls", Text, nullable=True),
     Column("first_registered_at", UtcDateTime, nullable=False),
     Column("last_registered_at", UtcDateTime, nullable=False),
     PrimaryKeyConstraint("name", "version"),

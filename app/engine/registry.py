@@ -58,7 +58,7 @@ class Registry:
         return len(self._by_key)
 
     async def register(self, conn: AsyncConnection) -> None:
-        """Upsert every definition (name, version, kind, access, JSON Schemas, states)."""
+        """Upsert every definition: name, version, kind, access, schemas, states, queues."""
         for d in self._by_key.values():
             await q.upsert_definition(
                 conn,
@@ -69,4 +69,5 @@ class Registry:
                 input_schema=json.dumps(d.input_schema),
                 output_schema=json.dumps(d.output_schema),
                 states=None if d.states is None else json.dumps(d.states),
+                queue_controls=json.dumps(d.queue.to_json()),
             )

@@ -21,6 +21,7 @@ from app.db.database import Database
 from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
+from app.sdk.queue import QueueControls
 
 NOTIFY_CHANNEL = "treadle_runs"
 
@@ -36,6 +37,7 @@ class SubmitRequest:
         idempotency_key: retries with the same key return the same run.
         concurrency_key: at most one active run of the workflow per key (per tenant).
         delay: seconds before the run becomes claimable (DB time).
+        priority: claim priority, -100..100 (higher first among due runs).
     """
 
     workflow: str
@@ -44,19 +46,21 @@ class SubmitRequest:
     idempotency_key: str | None = None
     concurrency_key: str | None = None
     delay: float | None = None
+    priority: int = 0
 
     def fingerprint(self) -> str:
         """SHA-256 of the request as given; an idempotent retry must match it exactly."""
-        body = json.dumps(
-            {
-                "workflow": self.workflow,
-                "version": self.version,
-                "input": self.input,
-                "concurrency_key": self.concurrency_key,
-                "delay": self.delay,
-            }
-        )
-        return hashlib.sha256(body.encode()).hexdigest()
+        fields: dict[str, Any] = {
+            "workflow": self.workflow,
+            "version": self.version,
+            "input": self.input,
+            "concurrency_key": self.concurrency_key,
+            "delay": self.delay,
+        }
+        # Only when set, so runs submitted before priorities existed keep their hash.
+        if self.priority:
+            fields["priority"] = self.priority
+        return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,6 +69,7 @@ class _Definition:
     validator: jsonschema.protocols.Validator
     access: str
     kind: str
+    queue: QueueControls
 
 
 def _version_order(row: RowMapping) -> tuple[int, int, str]:
@@ -129,6 +134,7 @@ class Submitter:
             validator=validator,
             access=row["access"],
             kind=str(row["kind"]),
+            queue=QueueControls.from_json(json.loads(row["queue_controls"])),
         )
         self._cache[key] = (time.monotonic() + self.cache_seconds, found)
         return found
@@ -251,6 +257,7 @@ async def insert_prepared(
             "access": access,
             "parent_run_id": parent_run_id,
             "delay": request.delay,
+            "priority": request.priority,
         },
     )
     if row is not None:

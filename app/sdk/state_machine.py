@@ -40,6 +40,7 @@ from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.core.status import STATE_MACHINE_KIND, TRANSITION_STEP_PREFIX
 from app.sdk.errors import Permanent, StepFailed
+from app.sdk.queue import OnLimit, QueueControls, QueueControlsError, RateLimit
 from app.sdk.retry import RetryPolicy
 from app.sdk.workflow import WorkflowDefinition, _check_name
 
@@ -229,6 +230,9 @@ def state_machine(
     max_transitions: int = 64,
     concurrency: str = "parent",
     version: int | str = 1,
+    on_limit: OnLimit = "reject",
+    concurrency_limit: int | None = None,
+    rate_limit: RateLimit | None = None,
 ) -> Callable[[Advance[InT, MachineT]], StateMachineWorkflow[InT, MachineT]]:
     """Declare ``async def advance(parent, input, state) -> state`` as a state machine.
 
@@ -261,6 +265,11 @@ def state_machine(
         max_transitions: transitions per run, 1..256.
         concurrency: ``"parent"``, the only policy: one active run per parent.
         version: definition version.
+        on_limit: a second run for a busy parent: ``"reject"`` (409) or ``"queue"`` (it
+            starts when the active one ends, in submission order).
+        concurrency_limit: at most this many runs executing at once across all workers.
+        rate_limit: a :class:`app.sdk.queue.RateLimit` on run starts.
+        (Queue controls as for ``@workflow``, app/sdk/queue.py.)
 
     Returns:
         A decorator producing a :class:`StateMachineWorkflow`.
@@ -273,6 +282,13 @@ def state_machine(
 
     def fail(field: str, message: str) -> StateMachineDefinitionError:
         return StateMachineDefinitionError(f"{label}: {field}: {message}")
+
+    try:
+        queue = QueueControls(
+            on_limit=on_limit, concurrency_limit=concurrency_limit, rate_limit=rate_limit
+        )
+    except QueueControlsError as exc:
+        raise StateMachineDefinitionError(f"{label}: {exc}") from None
 
     def decorate(advance: Advance[InT, MachineT]) -> StateMachineWorkflow[InT, MachineT]:
         machine, input_model = _signature(advance, fail)
@@ -288,7 +304,7 @@ def state_machine(
             compensation=compensation,
             fail=fail,
         )
-        definition = _definition(spec, advance, compensation, input_model, str(version))
+        definition = _definition(spec, advance, compensation, input_model, str(version), queue)
         return StateMachineWorkflow(
             spec=spec, advance=advance, compensation=compensation, definition=definition
         )
@@ -407,6 +423,7 @@ def _definition(
     compensation: Compensate[Any, Any] | None,
     input_model: type[BaseModel],
     version: str,
+    queue: QueueControls,
 ) -> WorkflowDefinition[Any, dict[str, Any]]:
     machine = spec.machine
     retry = RetryPolicy(max_attempts=spec.max_attempts, delay=1.0, max_delay=60.0)
@@ -491,4 +508,5 @@ def _definition(
         output_adapter=TypeAdapter(dict[str, Any]),
         kind=STATE_MACHINE_KIND,
         states=spec.states(),
+        queue=queue,
     )

@@ -11,6 +11,8 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
 
+from app.sdk.queue import OnLimit, QueueControls, QueueControlsError, RateLimit
+
 if TYPE_CHECKING:
     from app.sdk.context import WorkflowContext
 
@@ -41,6 +43,8 @@ class WorkflowDefinition(Generic[InT, OutT]):
     # State machines: one JSON-able entry per state (name, fields schema, initial,
     # terminal, timer_seconds), registered with the definition. None for other kinds.
     states: list[dict[str, Any]] | None = field(default=None, compare=False)
+    # Per-key limit, global concurrency limit and rate limit (app/sdk/queue.py).
+    queue: QueueControls = field(default_factory=QueueControls)
 
     @property
     def key(self) -> str:
@@ -63,7 +67,14 @@ class WorkflowDefinition(Generic[InT, OutT]):
 
 
 def workflow(
-    name: str, *, version: int | str = 1, access: Access = "tenant"
+    name: str,
+    *,
+    version: int | str = 1,
+    access: Access = "tenant",
+    key_limit: int = 1,
+    on_limit: OnLimit = "reject",
+    concurrency_limit: int | None = None,
+    rate_limit: RateLimit | None = None,
 ) -> Callable[[WorkflowFn[InT, OutT]], WorkflowDefinition[InT, OutT]]:
     """Declare an ``async def body(ctx, input: Model) -> Out`` as a durable workflow.
 
@@ -76,6 +87,13 @@ def workflow(
             subject that submitted it (others get 404, as for a missing id; ``admin``
             tokens excepted). Registered with the definition; each run keeps the policy
             of the version it was submitted to.
+        key_limit: at most this many active runs per concurrency key (1..1,000).
+        on_limit: beyond ``key_limit``, ``"reject"`` (409) or ``"queue"`` (admitted in
+            submission order as slots free).
+        concurrency_limit: at most this many runs of the workflow executing at once across
+            all workers (None: unlimited).
+        rate_limit: a :class:`app.sdk.queue.RateLimit` on run starts, or None.
+        (See :class:`app.sdk.queue.QueueControls`.)
 
     Returns:
         A decorator producing a :class:`WorkflowDefinition`.
@@ -83,7 +101,8 @@ def workflow(
     Raises:
         TypeError: the body is not ``async``, or its second parameter is not annotated
             with a pydantic ``BaseModel`` subclass.
-        ValueError: the name or version is malformed.
+        ValueError: the name or version is malformed, or a queue control is out of range
+            (:class:`app.sdk.queue.QueueControlsError`, naming the field).
     """
     _check_name(name)
     version_text = str(version)
@@ -91,6 +110,10 @@ def workflow(
         raise ValueError("workflow version must be 1..64 characters")
     if access not in ("tenant", "owner"):
         raise ValueError(f"@workflow({name!r}): access must be 'tenant' or 'owner'")
+    try:
+        queue = QueueControls(key_limit, on_limit, concurrency_limit, rate_limit)
+    except QueueControlsError as exc:
+        raise QueueControlsError(f"@workflow({name!r}): {exc}") from None
 
     def decorate(fn: WorkflowFn[InT, OutT]) -> WorkflowDefinition[InT, OutT]:
         if not inspect.iscoroutinefunction(fn):
@@ -112,6 +135,7 @@ def workflow(
             input_model=typing.cast(type[InT], input_model),
             output_adapter=output_adapter,
             access=access,
+            queue=queue,
         )
 
     return decorate

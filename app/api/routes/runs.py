@@ -130,6 +130,7 @@ async def submit_run(
         idempotency_key=key,
         concurrency_key=body.concurrency_key,
         delay=body.delay,
+        priority=body.priority,
     )
     row, created = await submitter.submit(
         req,

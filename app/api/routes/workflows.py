@@ -10,6 +10,7 @@ from app.api.problems import PROBLEM_RESPONSES
 from app.core import json
 from app.db.queries import definitions as defs_q
 from app.db.queries import runs as runs_q
+from app.sdk.queue import QueueControls
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])
 
@@ -51,6 +52,9 @@ async def list_workflows(
                 input_schema=json.loads(r["input_schema"]),
                 output_schema=json.loads(r["output_schema"]),
                 states=json.loads(r["states"]),
+                queue_controls=schemas.QueueControlsView.model_validate(
+                    QueueControls.from_json(json.loads(r["queue_controls"])).to_json()
+                ),
                 first_registered_at=r["first_registered_at"],
                 last_registered_at=r["last_registered_at"],
                 live_workers=sorted(runs_by_key.get(f"{r['name']}@{r['version']}", [])),

@@ -28,11 +28,13 @@ async def upsert_definition(
     output_schema: str,
     access: str = "tenant",
     states: str | None = None,
+    queue_controls: str | None = None,
 ) -> None:
     """Register (or refresh) one workflow definition version.
 
     ``access`` is its access policy (``tenant`` or ``owner``); ``states`` is a state
-    machine's JSON list of states (None for other kinds).
+    machine's JSON list of states (None for other kinds); ``queue_controls`` the JSON of
+    :meth:`app.sdk.queue.QueueControls.to_json` (None: the defaults).
     """
     now = now_expr(conn.dialect.name)
     stmt = _insert(conn, workflow_definitions).values(
@@ -43,6 +45,7 @@ async def upsert_definition(
         output_schema=output_schema,
         access=access,
         states=states,
+        queue_controls=queue_controls,
         first_registered_at=now,
         last_registered_at=now,
     )
@@ -54,6 +57,7 @@ async def upsert_definition(
             "output_schema": output_schema,
             "access": access,
             "states": states,
+            "queue_controls": queue_controls,
             "last_registered_at": now,
         },
     )
