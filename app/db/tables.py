@@ -119,12 +119,6 @@ runs = Table(
     Column("compacted_at", UtcDateTime, nullable=True),
     UniqueConstraint("tenant_id", "idempotency_key"),
     Index(
-        "ix_runs_claimable",
-        "available_at",
-        postgresql_where=text("available_at IS NOT NULL"),
-        sqlite_where=text("available_at IS NOT NULL"),
-    ),
-    Index(
         "ix_runs_lease_owner",
         "lease_owner",
         postgresql_where=text("lease_owner IS NOT NULL"),
@@ -152,6 +146,28 @@ runs = Table(
     ),
     Index("ix_runs_tenant_id_status_run_id", "tenant_id", "status", "run_id"),
     Index("ix_runs_tenant_id_workflow_run_id", "tenant_id", "workflow", "run_id"),
+)
+
+# Claim order: higher priority first, then the longest due. Only rows with available_at are
+# indexed (claimable or leased), so finished runs never slow a claim (revision 0010).
+Index(
+    "ix_runs_claimable",
+    runs.c.priority.desc(),
+    runs.c.available_at,
+    postgresql_where=text("available_at IS NOT NULL"),
+    sqlite_where=text("available_at IS NOT NULL"),
+)
+
+# Rate limits (app/sdk/queue.py RateLimit): one GCRA bucket per workflow, or per workflow
+# and (tenant, concurrency key). ``tat`` is the theoretical arrival time of the next start
+# (ITU-T I.371), UTC database time.
+rate_limit_buckets = Table(
+    "rate_limit_buckets",
+    metadata,
+    Column("workflow", String(200), nullable=False),
+    Column("bucket", String(400), nullable=False),
+    Column("tat", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("workflow", "bucket"),
 )
 
 steps = Table(

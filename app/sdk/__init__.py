@@ -10,6 +10,7 @@ from app.sdk.errors import (
     StepFailed,
     WaitTimedOut,
 )
+from app.sdk.queue import QueueControls, RateLimit
 from app.sdk.retry import RetryPolicy
 from app.sdk.state_machine import (
     StateMachine,
@@ -28,6 +29,8 @@ __all__ = [
     "NonRetryable",
     "NondeterminismError",
     "Permanent",
+    "QueueControls",
+    "RateLimit",
     "RetryPolicy",
     "StateMachine",
     "StateMachineDefinitionError",

@@ -35,6 +35,7 @@ from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
+from app.engine.claims import Claimer
 from app.engine.executor import Completed, Failed, Outcome, RunExecution, Suspended
 from app.engine.registry import Registry
 from app.engine.schedules import Scheduler
@@ -96,6 +97,9 @@ class Worker:
         self.scheduler = Scheduler(
             db, settings, submitter=self.submitter, scheduler_id=self.worker_id, on_fire=self.wake
         )
+        self.claimer = Claimer(
+            db, registry, worker_id=self.worker_id, lease_ttl=settings.lease_ttl_seconds
+        )
         self._active: dict[uuid.UUID, _Active] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
@@ -155,27 +159,13 @@ class Worker:
     # --- claiming --------------------------------------------------------------------
 
     async def _claim_loop(self) -> None:
-        keys = self.registry.keys
         while not self._stopping.is_set():
             free = self.concurrency - len(self._active)
             rows: list[RowMapping] = []
             self._wake.clear()
             if free > 0:
-                try:
-                    async with self.db.write() as conn:
-                        rows = list(
-                            await runs_q.claim_runs(
-                                conn,
-                                worker_id=self.worker_id,
-                                definition_keys=keys,
-                                limit=free,
-                                lease_ttl=self.settings.lease_ttl_seconds,
-                            )
-                        )
-                        if rows:
-                            await events_q.append_claims(conn, rows, worker_id=self.worker_id)
-                except Exception as exc:  # noqa: BLE001 - DB down: keep polling, never die
-                    self.log.warning("claim failed", error=str(exc)[:300])
+                # Never raises: a failing claim is logged and retried at the next poll.
+                rows = await self.claimer.claim(free)
                 for row in rows:
                     self._start(row)
                 if rows:

@@ -14,12 +14,10 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
-    null,
     or_,
     select,
     true,
     tuple_,
-    type_coerce,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -30,7 +28,6 @@ from app.core.errors import ConcurrencyKeyBusy, LeaseLost, RunArchived, RunNotFo
 from app.core.status import TERMINAL_RUN_STATUSES, RunStatus
 from app.db.dialect import now_expr, now_plus
 from app.db.tables import runs, runs_archive
-from app.db.types import UtcDateTime
 
 # Statuses a worker may claim once ``available_at`` has passed. ``running`` is here on
 # purpose: a running run's ``available_at`` is its lease expiry, so the same claim query
@@ -260,6 +257,48 @@ async def list_runs(
     return (await conn.execute(stmt)).mappings().all()
 
 
+def _claimable(definition_keys: Sequence[tuple[str, str]], now: Any) -> list[Any]:
+    """WHERE clauses of a due, claimable run of the given (workflow, version) pairs."""
+    return [
+        runs.c.available_at.is_not(None),
+        runs.c.available_at <= now,
+        runs.c.status.in_([s.value for s in CLAIMABLE_STATUSES]),
+        tuple_(runs.c.workflow, runs.c.version).in_(list(definition_keys)),
+    ]
+
+
+def _claim_order() -> tuple[Any, Any]:
+    # Matches ix_runs_claimable (priority DESC, available_at): an ordered index walk that
+    # stops after LIMIT rows, never a sort of every due run.
+    return (runs.c.priority.desc(), runs.c.available_at)
+
+
+def _lease(dialect: str, worker_id: str, lease_ttl: float) -> dict[str, Any]:
+    """The SET clause of a claim (fence and attempt bumped, lease taken)."""
+    now = now_expr(dialect)
+    lease_until = now_plus(dialect, lease_ttl)
+    return {
+        # A run being cancelled or compensated stays so: the claimer finishes that job.
+        "status": case(
+            (
+                runs.c.status.in_([RunStatus.CANCELLING.value, RunStatus.COMPENSATING.value]),
+                runs.c.status,
+            ),
+            else_=RunStatus.RUNNING.value,
+        ),
+        "fence": runs.c.fence + 1,
+        "attempt": runs.c.attempt + 1,
+        "lease_owner": worker_id,
+        "lease_expires_at": lease_until,
+        "available_at": lease_until,
+        "started_at": func.coalesce(runs.c.started_at, now),
+        "updated_at": now,
+        "waiting_kind": None,
+        "waiting_name": None,
+        "waiting_deadline": None,
+    }
+
+
 async def claim_runs(
     conn: AsyncConnection,
     *,
@@ -270,73 +309,119 @@ async def claim_runs(
 ) -> Sequence[RowMapping]:
     """Lease up to ``limit`` due runs of the given (workflow, version) pairs.
 
-    Why this shape: the CTE picks due rows in ``available_at`` order through the partial
-    index ``ix_runs_claimable``; on PostgreSQL ``FOR UPDATE SKIP LOCKED`` lets many workers
-    claim concurrently without blocking on each other's rows (on SQLite the write lock
-    taken by ``BEGIN IMMEDIATE`` makes the statement atomic). Each claim bumps the fence
-    so any previous holder's later writes fail, and sets ``available_at`` to the lease
-    expiry so that a dead worker's runs come back through this same query.
+    Why this shape: the CTE picks due rows in (``priority`` DESC, ``available_at``) order
+    through the partial index ``ix_runs_claimable``; on PostgreSQL ``FOR UPDATE SKIP
+    LOCKED`` lets many workers claim concurrently without blocking on each other's rows (on
+    SQLite the write lock taken by ``BEGIN IMMEDIATE`` makes the statement atomic). Each
+    claim bumps the fence so any previous holder's later writes fail, and sets
+    ``available_at`` to the lease expiry so that a dead worker's runs come back through
+    this same query. Each row carries ``due_at``, when the run became due.
     """
     if not definition_keys or limit <= 0:
         return []
     dialect = _dialect(conn)
-    now = now_expr(dialect)
     due = (
         select(runs.c.run_id, runs.c.available_at.label("due_at"))
-        .where(
-            runs.c.available_at.is_not(None),
-            runs.c.available_at <= now,
-            runs.c.status.in_([s.value for s in CLAIMABLE_STATUSES]),
-            tuple_(runs.c.workflow, runs.c.version).in_(list(definition_keys)),
-        )
-        .order_by(runs.c.available_at)
+        .where(*_claimable(definition_keys, now_expr(dialect)))
+        .order_by(*_claim_order())
         .limit(limit)
     )
-    lease_until = now_plus(dialect, lease_ttl)
-    due_at: dict[uuid.UUID, Any] = {}
     if dialect == "postgresql":
         due_cte = due.with_for_update(skip_locked=True).cte("due")
-        target: Any = runs.c.run_id == due_cte.c.run_id
-        # When each run became due, for the schedule-to-start metric.
-        extra: Any = due_cte.c.due_at
-    else:
-        # SQLite's RETURNING names only the updated table, so read the due rows first;
-        # BEGIN IMMEDIATE already holds the write lock, so nothing moves in between.
-        picked = (await conn.execute(due)).all()
-        if not picked:
-            return []
-        due_at = {row[0]: row[1] for row in picked}
-        target = runs.c.run_id.in_(list(due_at))
-        extra = type_coerce(null(), UtcDateTime()).label("due_at")
+        stmt = (
+            update(runs)
+            .where(runs.c.run_id == due_cte.c.run_id)
+            .values(**_lease(dialect, worker_id, lease_ttl))
+            # When each run became due, for the schedule-to-start metric.
+            .returning(*runs.c, due_cte.c.due_at)
+        )
+        return (await conn.execute(stmt)).mappings().all()
+    # SQLite's RETURNING names only the updated table, so read the due rows first;
+    # BEGIN IMMEDIATE already holds the write lock, so nothing moves in between.
+    picked = (await conn.execute(due)).all()
+    return await claim_listed_runs(
+        conn, worker_id=worker_id, due={row[0]: row[1] for row in picked}, lease_ttl=lease_ttl
+    )
+
+
+async def due_candidates(
+    conn: AsyncConnection, *, definition_keys: Sequence[tuple[str, str]], limit: int
+) -> Sequence[RowMapping]:
+    """Lock and return up to ``limit`` due runs, in claim order, without claiming them.
+
+    For queue-controlled workflows (app/engine/claims.py), which decide per run whether it
+    may start. Rows: ``run_id``, ``tenant_id``, ``concurrency_key``, ``started_at``,
+    ``due_at``. PostgreSQL: ``FOR UPDATE SKIP LOCKED`` (the caller's transaction holds the
+    rows until it claims or defers them); SQLite: the ``BEGIN IMMEDIATE`` write lock.
+    """
+    if not definition_keys or limit <= 0:
+        return []
+    dialect = _dialect(conn)
+    stmt = (
+        select(
+            runs.c.run_id,
+            runs.c.tenant_id,
+            runs.c.concurrency_key,
+            runs.c.started_at,
+            runs.c.available_at.label("due_at"),
+        )
+        .where(*_claimable(definition_keys, now_expr(dialect)))
+        .order_by(*_claim_order())
+        .limit(limit)
+    )
+    if dialect == "postgresql":
+        stmt = stmt.with_for_update(skip_locked=True)
+    return (await conn.execute(stmt)).mappings().all()
+
+
+async def claim_listed_runs(
+    conn: AsyncConnection,
+    *,
+    worker_id: str,
+    due: dict[uuid.UUID, Any],
+    lease_ttl: float,
+) -> Sequence[RowMapping]:
+    """Lease the runs ``due`` names (``{run_id: due_at}``), already locked by the caller.
+
+    Returns the claimed rows with ``due_at`` added (as :func:`claim_runs`).
+    """
+    if not due:
+        return []
+    dialect = _dialect(conn)
     stmt = (
         update(runs)
-        .where(target)
-        .values(
-            # A run being cancelled or compensated stays so: the claimer finishes that job.
-            status=case(
-                (
-                    runs.c.status.in_([RunStatus.CANCELLING.value, RunStatus.COMPENSATING.value]),
-                    runs.c.status,
-                ),
-                else_=RunStatus.RUNNING.value,
-            ),
-            fence=runs.c.fence + 1,
-            attempt=runs.c.attempt + 1,
-            lease_owner=worker_id,
-            lease_expires_at=lease_until,
-            available_at=lease_until,
-            started_at=func.coalesce(runs.c.started_at, now),
-            updated_at=now,
-            waiting_kind=None,
-            waiting_name=None,
-            waiting_deadline=None,
-        )
-        .returning(*runs.c, extra)
+        .where(runs.c.run_id.in_(list(due)))
+        .values(**_lease(dialect, worker_id, lease_ttl))
+        .returning(*runs.c)
     )
     claimed = (await conn.execute(stmt)).mappings().all()
-    if due_at:
-        return [{**row, "due_at": due_at[row["run_id"]]} for row in claimed]  # type: ignore[misc]
-    return claimed
+    return [{**row, "due_at": due[row["run_id"]]} for row in claimed]  # type: ignore[misc]
+
+
+async def count_leased(conn: AsyncConnection, *, workflow: str) -> int:
+    """Runs of ``workflow`` (any version, any tenant) holding a live lease right now.
+
+    What a global ``concurrency_limit`` counts: executing runs, not waiting ones (a run
+    waiting on a timer, approval or signal has released its lease). Walks the partial
+    index ``ix_runs_lease_owner``, so only leased rows are read.
+    """
+    dialect = _dialect(conn)
+    stmt = select(func.count()).where(
+        runs.c.lease_owner.is_not(None),
+        runs.c.workflow == workflow,
+        runs.c.lease_expires_at > now_expr(dialect),
+    )
+    return int((await conn.execute(stmt)).scalar_one())
+
+
+async def defer_runs(
+    conn: AsyncConnection, *, run_ids: Sequence[uuid.UUID], until: datetime
+) -> None:
+    """Make due runs claimable only from ``until`` (UTC): a rate limit delays their start."""
+    if run_ids:
+        await conn.execute(
+            update(runs).where(runs.c.run_id.in_(list(run_ids))).values(available_at=until)
+        )
 
 
 async def renew_leases(
