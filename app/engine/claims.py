@@ -206,7 +206,7 @@ class Claimer:
             await runs_q.defer_runs(conn, run_ids=run_ids, until=until)
         await rate_q.store_tats(conn, workflow=group.workflow, tats=spent)
         return await runs_q.claim_listed_runs(
-            conn, worker_id=self.worker_id, due=chosen, lease_ttl=self.lease_ttl
+            conn, worker_id=self.worker_id, due=chosen, lease_ttl=self.lease_ttl, started_at=now
         )
 
 

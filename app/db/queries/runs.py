@@ -18,6 +18,7 @@ from sqlalchemy import (
     select,
     true,
     tuple_,
+    type_coerce,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -28,6 +29,7 @@ from app.core.errors import ConcurrencyKeyBusy, LeaseLost, RunArchived, RunNotFo
 from app.core.status import TERMINAL_RUN_STATUSES, RunStatus
 from app.db.dialect import now_expr, now_plus
 from app.db.tables import runs, runs_archive
+from app.db.types import UtcDateTime
 
 # Statuses a worker may claim once ``available_at`` has passed. ``running`` is here on
 # purpose: a running run's ``available_at`` is its lease expiry, so the same claim query
@@ -380,20 +382,25 @@ async def claim_listed_runs(
     worker_id: str,
     due: dict[uuid.UUID, Any],
     lease_ttl: float,
+    started_at: datetime | None = None,
 ) -> Sequence[RowMapping]:
     """Lease the runs ``due`` names (``{run_id: due_at}``), already locked by the caller.
+
+    ``started_at`` (UTC) is recorded as a first start's time instead of the statement's
+    clock: the instant a rate limit admitted it. (On PostgreSQL both are the transaction's
+    ``now()``; SQLite's clock moves between statements of one transaction.)
 
     Returns the claimed rows with ``due_at`` added (as :func:`claim_runs`).
     """
     if not due:
         return []
     dialect = _dialect(conn)
-    stmt = (
-        update(runs)
-        .where(runs.c.run_id.in_(list(due)))
-        .values(**_lease(dialect, worker_id, lease_ttl))
-        .returning(*runs.c)
-    )
+    values = _lease(dialect, worker_id, lease_ttl)
+    if started_at is not None:
+        values["started_at"] = func.coalesce(
+            runs.c.started_at, type_coerce(started_at, UtcDateTime())
+        )
+    stmt = update(runs).where(runs.c.run_id.in_(list(due))).values(**values).returning(*runs.c)
     claimed = (await conn.execute(stmt)).mappings().all()
     return [{**row, "due_at": due[row["run_id"]]} for row in claimed]  # type: ignore[misc]
 
