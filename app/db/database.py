@@ -106,6 +106,17 @@ class Database:
             yield conn
 
     @contextlib.asynccontextmanager
+    async def autocommit(self) -> AsyncIterator[AsyncConnection]:
+        """A pooled connection in autocommit: each statement is its own transaction.
+
+        For single-statement checkpoints (app/db/queries/checkpoints.py), which need no
+        ``BEGIN``/``COMMIT`` round trips. PostgreSQL only; the isolation level is reset
+        when the connection returns to the pool (SQLAlchemy's per-connection option).
+        """
+        async with self.engine.connect() as conn:
+            yield await conn.execution_options(isolation_level="AUTOCOMMIT")
+
+    @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
         """Open a read-only-by-convention transaction (rolled back at the end)."""
         async with self.read_engine.connect() as conn, conn.begin():

@@ -32,6 +32,7 @@ from app.core.errors import CeilingExceeded, InvalidInput, PayloadTooLarge
 from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus, StepStatus
 from app.db.database import Database
+from app.db.queries import checkpoints as checkpoints_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
@@ -244,6 +245,9 @@ class RunExecution:
         self.pending_markers: list[tuple[str, int, str]] = []
         # Timeline rows when this execution began (resumed runs only): events ceiling.
         self.events_at_claim = 0
+        # PostgreSQL: a plain step's checkpoints are one statement each, in autocommit
+        # (app/db/queries/checkpoints.py); SQLite keeps fenced multi-statement writes.
+        self.single_statement_checkpoints = self.db.dialect == "postgresql"
 
     def db_now(self) -> datetime:
         """The database clock, estimated from the claim time plus local monotonic time."""
@@ -631,19 +635,36 @@ class RunExecution:
                 kind=kind,
             )
 
-        async def start(conn: AsyncConnection) -> None:
-            await self.record_attempt_start(
-                conn,
-                step_id=step_id,
-                seq=seq,
-                kind=kind,
-                name=name,
-                attempt=attempt,
-                max_attempts=retry.max_attempts,
-                detail=detail,
-            )
+        if self.single_statement_checkpoints and not self.pending_markers:
+            async with self.db.autocommit() as conn:
+                await checkpoints_q.start_attempt(
+                    conn,
+                    run_id=self.run_id,
+                    fence=self.fence,
+                    step_id=step_id,
+                    seq=seq,
+                    kind=kind,
+                    name=name,
+                    attempt=attempt,
+                    max_attempts=retry.max_attempts,
+                    detail=detail,
+                    event_data=json.dumps({"attempt": attempt, "worker_id": self.worker_id}),
+                )
+        else:
 
-        await self.write(start)
+            async def start(conn: AsyncConnection) -> None:
+                await self.record_attempt_start(
+                    conn,
+                    step_id=step_id,
+                    seq=seq,
+                    kind=kind,
+                    name=name,
+                    attempt=attempt,
+                    max_attempts=retry.max_attempts,
+                    detail=detail,
+                )
+
+            await self.write(start)
         info = StepInfo(
             run_id=self.run_id,
             step_id=step_id,
@@ -687,10 +708,24 @@ class RunExecution:
                 attempt,
             )
 
-        async def succeed(conn: AsyncConnection) -> None:
-            await self.record_attempt_success(conn, step_id=step_id, attempt=attempt, output=text)
+        if self.single_statement_checkpoints and not self.pending_markers:
+            async with self.db.autocommit() as conn:
+                await checkpoints_q.record_success(
+                    conn,
+                    run_id=self.run_id,
+                    fence=self.fence,
+                    step_id=step_id,
+                    output=text,
+                    event_data=json.dumps({"attempt": attempt}),
+                )
+        else:
 
-        await self.write(succeed)
+            async def succeed(conn: AsyncConnection) -> None:
+                await self.record_attempt_success(
+                    conn, step_id=step_id, attempt=attempt, output=text
+                )
+
+            await self.write(succeed)
         # Return what a replay would return, so both paths behave identically.
         return adapter.validate_python(json.loads(text))
 

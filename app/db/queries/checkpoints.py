@@ -1,0 +1,163 @@
+"""Single-statement step checkpoints for PostgreSQL: fence check, journal and event at once.
+
+A step attempt writes two checkpoints: its start and its result. Each must (1) verify
+that the run's fence is still ours while locking the run row, (2) upsert the step's
+journal row and (3) append a timeline event, atomically. Sent as separate statements in
+an explicit transaction that is five round trips (BEGIN, three statements, COMMIT); here
+it is one statement of data-modifying CTEs (PostgreSQL "WITH queries", §7.8.4), run in
+autocommit, so the statement is its own transaction. ``held`` takes the run row lock
+(an ``UPDATE``, re-checked against a concurrent claim's new fence under READ COMMITTED),
+and the journal and event rows are produced only ``FROM held``: a moved fence writes
+nothing, exactly like :func:`app.db.queries.runs.check_fence` followed by the writes.
+
+SQLite keeps the multi-statement transaction (an embedded database has no round trips).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import BigInteger, Integer, String, Text, Uuid, bindparam, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core.errors import LeaseLost
+from app.core.status import EventKind, StepStatus
+from app.db.queries.runs import LEASED_STATUSES
+
+_LEASED_SQL = ", ".join(f"'{s.value}'" for s in LEASED_STATUSES)
+
+_HELD = f"""
+held AS (
+    UPDATE runs SET updated_at = now()
+    WHERE run_id = :run_id AND fence = :fence AND status IN ({_LEASED_SQL})
+    RETURNING run_id, tenant_id
+)"""
+
+_TIMELINE = """
+timeline AS (
+    INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
+    SELECT run_id, tenant_id, now(), :event_kind, :step_id, NULL, :event_data FROM journal
+)"""
+
+_START = text(
+    f"""WITH {_HELD},
+journal AS (
+    INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt,
+                       max_attempts, fence, next_attempt_at, detail, created_at, started_at)
+    SELECT run_id, :step_id, tenant_id, :seq, :kind, :name, :status, :attempt,
+           :max_attempts, :fence, NULL, :detail, now(), now()
+    FROM held
+    ON CONFLICT (run_id, step_id) DO UPDATE SET
+        status = excluded.status, attempt = excluded.attempt, started_at = now(),
+        fence = excluded.fence, next_attempt_at = NULL, error = NULL, detail = excluded.detail
+    RETURNING run_id, tenant_id
+), {_TIMELINE}
+SELECT count(*) FROM held"""
+).bindparams(
+    bindparam("run_id", type_=Uuid()),
+    bindparam("fence", type_=BigInteger()),
+    bindparam("step_id", type_=String()),
+    bindparam("seq", type_=Integer()),
+    bindparam("kind", type_=String()),
+    bindparam("name", type_=String()),
+    bindparam("status", type_=String()),
+    bindparam("attempt", type_=Integer()),
+    bindparam("max_attempts", type_=Integer()),
+    bindparam("detail", type_=Text()),
+    bindparam("event_kind", type_=String()),
+    bindparam("event_data", type_=Text()),
+)
+
+_SUCCESS = text(
+    f"""WITH {_HELD},
+journal AS (
+    UPDATE steps SET status = :status, output = :output, error = NULL, fence = :fence,
+                     finished_at = now(), next_attempt_at = NULL
+    FROM held
+    WHERE steps.run_id = held.run_id AND steps.step_id = :step_id
+    RETURNING held.run_id, held.tenant_id
+), {_TIMELINE}
+SELECT count(*) FROM held"""
+).bindparams(
+    bindparam("run_id", type_=Uuid()),
+    bindparam("fence", type_=BigInteger()),
+    bindparam("step_id", type_=String()),
+    bindparam("status", type_=String()),
+    bindparam("output", type_=Text()),
+    bindparam("event_kind", type_=String()),
+    bindparam("event_data", type_=Text()),
+)
+
+
+async def start_attempt(
+    conn: AsyncConnection,
+    *,
+    run_id: uuid.UUID,
+    fence: int,
+    step_id: str,
+    seq: int,
+    kind: str,
+    name: str,
+    attempt: int,
+    max_attempts: int,
+    detail: str | None,
+    event_data: str,
+) -> None:
+    """Fence-check, journal attempt ``attempt`` of a step as running, append ``step_started``.
+
+    ``event_data`` is the event's JSON text. Run on an autocommit connection (PostgreSQL).
+
+    Raises:
+        LeaseLost: the fence moved; nothing was written.
+    """
+    result = await conn.execute(
+        _START,
+        {
+            "run_id": run_id,
+            "fence": fence,
+            "step_id": step_id,
+            "seq": seq,
+            "kind": kind,
+            "name": name,
+            "status": StepStatus.RUNNING.value,
+            "attempt": attempt,
+            "max_attempts": max_attempts,
+            "detail": detail,
+            "event_kind": EventKind.STEP_STARTED.value,
+            "event_data": event_data,
+        },
+    )
+    if result.scalar_one() != 1:
+        raise LeaseLost(run_id)
+
+
+async def record_success(
+    conn: AsyncConnection,
+    *,
+    run_id: uuid.UUID,
+    fence: int,
+    step_id: str,
+    output: str,
+    event_data: str,
+) -> None:
+    """Fence-check, journal a step's result (JSON text), append ``step_succeeded``.
+
+    Run on an autocommit connection (PostgreSQL).
+
+    Raises:
+        LeaseLost: the fence moved; nothing was written.
+    """
+    result = await conn.execute(
+        _SUCCESS,
+        {
+            "run_id": run_id,
+            "fence": fence,
+            "step_id": step_id,
+            "status": StepStatus.SUCCEEDED.value,
+            "output": output,
+            "event_kind": EventKind.STEP_SUCCEEDED.value,
+            "event_data": event_data,
+        },
+    )
+    if result.scalar_one() != 1:
+        raise LeaseLost(run_id)
