@@ -27,25 +27,29 @@ _bearer = HTTPBearer(
 audit_log = structlog.get_logger("treadle.audit")
 
 
-def get_db(request: Request) -> Database:
+# The state getters are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency
+# in a worker thread, a thread hop per request for a dictionary lookup.
+
+
+async def get_db(request: Request) -> Database:
     """The process's :class:`Database`."""
     db: Database = request.app.state.db
     return db
 
 
-def get_settings(request: Request) -> Settings:
+async def get_settings(request: Request) -> Settings:
     """The process's :class:`Settings`."""
     settings: Settings = request.app.state.settings
     return settings
 
 
-def get_api_keys(request: Request) -> ApiKeyService:
+async def get_api_keys(request: Request) -> ApiKeyService:
     """The process's :class:`ApiKeyService`."""
     service: ApiKeyService = request.app.state.api_keys
     return service
 
 
-def get_submitter(request: Request) -> Submitter:
+async def get_submitter(request: Request) -> Submitter:
     """The process's :class:`Submitter`."""
     submitter: Submitter = request.app.state.submitter
     return submitter
