@@ -130,19 +130,31 @@ class Claimer:
             if room <= 0:
                 break
             try:
-                async with self.db.write() as conn:
-                    if group is None:
+                if group is None and self.db.dialect == "postgresql":
+                    # One statement (claim and its events), one round trip.
+                    async with self.db.autocommit() as conn:
                         rows = await runs_q.claim_runs(
                             conn,
                             worker_id=self.worker_id,
                             definition_keys=self.plain_keys,
                             limit=room,
                             lease_ttl=self.lease_ttl,
+                            with_events=True,
                         )
-                    else:
-                        rows = await self._claim_controlled(conn, group, room)
-                    if rows:
-                        await events_q.append_claims(conn, rows, worker_id=self.worker_id)
+                else:
+                    async with self.db.write() as conn:
+                        if group is None:
+                            rows = await runs_q.claim_runs(
+                                conn,
+                                worker_id=self.worker_id,
+                                definition_keys=self.plain_keys,
+                                limit=room,
+                                lease_ttl=self.lease_ttl,
+                            )
+                        else:
+                            rows = await self._claim_controlled(conn, group, room)
+                        if rows:
+                            await events_q.append_claims(conn, rows, worker_id=self.worker_id)
             except Exception as exc:  # noqa: BLE001 - DB down: the worker keeps polling
                 self.log.warning(
                     "claim failed",

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -353,7 +354,9 @@ async def test_long_retry_releases_the_run_until_due(
     released = [e for e in events if e["kind"] == "run_released"]
     assert len(released) == 2
     assert all('"waiting_on":"retry"' in e["data"] for e in released)
-    assert sum(e["kind"] == "run_claimed" for e in events) == 3
+    claims = [json.loads(e["data"]) for e in events if e["kind"] == "run_claimed"]
+    assert [(c["attempt"], c["fence"]) for c in claims] == [(1, 1), (2, 2), (3, 3)]
+    assert all(c["worker_id"].count(":") == 2 for c in claims)
 
 
 async def test_failed_branch_cancels_its_sibling(settings: Settings, db: Database) -> None:

@@ -10,10 +10,15 @@ from typing import Any
 
 from sqlalchemy import (
     RowMapping,
+    Text,
     and_,
     bindparam,
     case,
+    cast,
     func,
+    insert,
+    literal,
+    null,
     or_,
     select,
     true,
@@ -26,9 +31,9 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.errors import ConcurrencyKeyBusy, LeaseLost, RunArchived, RunNotFound
-from app.core.status import TERMINAL_RUN_STATUSES, RunStatus
+from app.core.status import TERMINAL_RUN_STATUSES, EventKind, RunStatus
 from app.db.dialect import now_expr, now_plus
-from app.db.tables import runs, runs_archive
+from app.db.tables import events, runs, runs_archive
 from app.db.types import UtcDateTime
 
 # Statuses a worker may claim once ``available_at`` has passed. ``running`` is here on
@@ -308,6 +313,7 @@ async def claim_runs(
     definition_keys: Sequence[tuple[str, str]],
     limit: int,
     lease_ttl: float,
+    with_events: bool = False,
 ) -> Sequence[RowMapping]:
     """Lease up to ``limit`` due runs of the given (workflow, version) pairs.
 
@@ -318,6 +324,11 @@ async def claim_runs(
     claim bumps the fence so any previous holder's later writes fail, and sets
     ``available_at`` to the lease expiry so that a dead worker's runs come back through
     this same query. Each row carries ``due_at``, when the run became due.
+
+    ``with_events`` (PostgreSQL only) also inserts each claimed run's ``run_claimed``
+    event in the same statement (a data-modifying CTE), so that on an autocommit
+    connection a claim is a single round trip; otherwise the caller appends them with
+    :func:`app.db.queries.events.append_claims`.
     """
     if not definition_keys or limit <= 0:
         return []
@@ -337,6 +348,8 @@ async def claim_runs(
             # When each run became due, for the schedule-to-start metric.
             .returning(*runs.c, due_cte.c.due_at)
         )
+        if with_events:
+            stmt = _with_claim_events(stmt, worker_id)
         return (await conn.execute(stmt)).mappings().all()
     # SQLite's RETURNING names only the updated table, so read the due rows first;
     # BEGIN IMMEDIATE already holds the write lock, so nothing moves in between.
@@ -344,6 +357,34 @@ async def claim_runs(
     return await claim_listed_runs(
         conn, worker_id=worker_id, due={row[0]: row[1] for row in picked}, lease_ttl=lease_ttl
     )
+
+
+def _with_claim_events(claim: Any, worker_id: str) -> Any:
+    """``claim`` (an UPDATE … RETURNING) as a CTE that also inserts ``run_claimed`` events.
+
+    The event rows match :func:`app.db.queries.events.append_claims` (``at`` = the claim's
+    ``updated_at``; data ``{worker_id, attempt, fence}``).
+    """
+    claimed = claim.cte("claimed")
+    data = cast(
+        func.jsonb_build_object(
+            "worker_id", literal(worker_id), "attempt", claimed.c.attempt, "fence", claimed.c.fence
+        ),
+        Text,
+    )
+    timeline = insert(events).from_select(
+        ["run_id", "tenant_id", "at", "kind", "step_id", "actor", "data"],
+        select(
+            claimed.c.run_id,
+            claimed.c.tenant_id,
+            claimed.c.updated_at,
+            literal(EventKind.RUN_CLAIMED.value),
+            null(),
+            null(),
+            data,
+        ),
+    )
+    return select(claimed).add_cte(timeline.cte("timeline"))
 
 
 async def due_candidates(
