@@ -14,12 +14,10 @@ from sqlalchemy import (
     bindparam,
     case,
     func,
-    null,
     or_,
     select,
     true,
     tuple_,
-    type_coerce,
     update,
 )
 from sqlalchemy.dialects import postgresql, sqlite
@@ -29,8 +27,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core.errors import ConcurrencyKeyBusy, LeaseLost, RunArchived, RunNotFound
 from app.core.status import TERMINAL_RUN_STATUSES, RunStatus
 from app.db.dialect import now_expr, now_plus
+from app.db.queries.api_keys import run_api_key_revoked
+from app.db.queries.tenants import run_tenant_suspended
 from app.db.tables import runs, runs_archive
-from app.db.types import UtcDateTime
 
 # Statuses a worker may claim once ``available_at`` has passed. ``running`` is here on
 # purpose: a running run's ``available_at`` is its lease expiry, so the same claim query
@@ -276,13 +275,22 @@ async def claim_runs(
     taken by ``BEGIN IMMEDIATE`` makes the statement atomic). Each claim bumps the fence
     so any previous holder's later writes fail, and sets ``available_at`` to the lease
     expiry so that a dead worker's runs come back through this same query.
+
+    Each returned row also says whether the attempt it starts may run (DESIGN §4, issue
+    #5): ``tenant_suspended`` and ``api_key_revoked`` (booleans), read by the CTE in the
+    same statement, so the per-attempt re-check costs no round trip of its own.
     """
     if not definition_keys or limit <= 0:
         return []
     dialect = _dialect(conn)
     now = now_expr(dialect)
     due = (
-        select(runs.c.run_id, runs.c.available_at.label("due_at"))
+        select(
+            runs.c.run_id,
+            runs.c.available_at.label("due_at"),
+            run_tenant_suspended().label("tenant_suspended"),
+            run_api_key_revoked().label("api_key_revoked"),
+        )
         .where(
             runs.c.available_at.is_not(None),
             runs.c.available_at <= now,
@@ -293,21 +301,24 @@ async def claim_runs(
         .limit(limit)
     )
     lease_until = now_plus(dialect, lease_ttl)
-    due_at: dict[uuid.UUID, Any] = {}
+    picked: dict[uuid.UUID, RowMapping] = {}
     if dialect == "postgresql":
-        due_cte = due.with_for_update(skip_locked=True).cte("due")
+        due_cte = due.with_for_update(of=runs, skip_locked=True).cte("due")
         target: Any = runs.c.run_id == due_cte.c.run_id
-        # When each run became due, for the schedule-to-start metric.
-        extra: Any = due_cte.c.due_at
+        # When each run became due (for the schedule-to-start metric) and the re-checks.
+        extra: list[Any] = [
+            due_cte.c.due_at,
+            due_cte.c.tenant_suspended,
+            due_cte.c.api_key_revoked,
+        ]
     else:
         # SQLite's RETURNING names only the updated table, so read the due rows first;
         # BEGIN IMMEDIATE already holds the write lock, so nothing moves in between.
-        picked = (await conn.execute(due)).all()
+        picked = {row["run_id"]: row for row in (await conn.execute(due)).mappings()}
         if not picked:
             return []
-        due_at = {row[0]: row[1] for row in picked}
-        target = runs.c.run_id.in_(list(due_at))
-        extra = type_coerce(null(), UtcDateTime()).label("due_at")
+        target = runs.c.run_id.in_(list(picked))
+        extra = []
     stmt = (
         update(runs)
         .where(target)
@@ -331,11 +342,11 @@ async def claim_runs(
             waiting_name=None,
             waiting_deadline=None,
         )
-        .returning(*runs.c, extra)
+        .returning(*runs.c, *extra)
     )
     claimed = (await conn.execute(stmt)).mappings().all()
-    if due_at:
-        return [{**row, "due_at": due_at[row["run_id"]]} for row in claimed]  # type: ignore[misc]
+    if picked:
+        return [{**row, **picked[row["run_id"]]} for row in claimed]  # type: ignore[misc]
     return claimed
 
 
