@@ -6,7 +6,7 @@ show them without importing handler code. NULL for definitions registered before
 defaults (one active run per key, reject).
 
 Revision ID: 0008
-Revises: 0006
+Revises: 0007
 Create Date: 2026-11-30 02:00:00.000000
 """
 
@@ -16,7 +16,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0008"
-down_revision: str | None = "0006"
+down_revision: str | None = "0007"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

@@ -26,6 +26,7 @@ from app.api.routes import (
     run_actions,
     runs,
     schedules,
+    tenants,
     workflows,
 )
 from app.auth.authenticator import Authenticator
@@ -35,6 +36,7 @@ from app.db.database import Database
 from app.db.migrations import check_schema
 from app.engine.api_keys import ApiKeyService
 from app.engine.submit import Submitter
+from app.engine.tenants import TenantService
 
 API_VERSION = "0.1.0"
 # Room for the envelope around a payload (workflow name, keys, JSON punctuation).
@@ -245,7 +247,10 @@ def create_app(
     app.state.db = database
     app.state.submitter = Submitter(database, settings)
     app.state.api_keys = ApiKeyService(database)
-    app.state.authenticator = Authenticator(settings, api_keys=app.state.api_keys)
+    app.state.tenants = TenantService(database, cache_seconds=settings.tenant_cache_seconds)
+    app.state.authenticator = Authenticator(
+        settings, api_keys=app.state.api_keys, tenants=app.state.tenants
+    )
     app.state.on_wake = on_wake
     problems.install(app)
     app.include_router(runs.router)
@@ -254,6 +259,7 @@ def create_app(
     app.include_router(dead_letters.router)
     app.include_router(workflows.router)
     app.include_router(admin.router)
+    app.include_router(tenants.router)
     app.include_router(maintenance.router)
     app.include_router(schedules.router)
     app.include_router(health.router)

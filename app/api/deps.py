@@ -20,6 +20,7 @@ from app.db.database import Database
 from app.db.queries import runs as runs_q
 from app.engine.api_keys import ApiKeyService
 from app.engine.submit import Submitter
+from app.engine.tenants import TenantService
 
 _bearer = HTTPBearer(
     auto_error=False, description="Bearer token: a JWT, or a per-tenant API key (trd_…)."
@@ -49,6 +50,12 @@ async def get_api_keys(request: Request) -> ApiKeyService:
     return service
 
 
+async def get_tenants(request: Request) -> TenantService:
+    """The process's :class:`TenantService`."""
+    service: TenantService = request.app.state.tenants
+    return service
+
+
 async def get_submitter(request: Request) -> Submitter:
     """The process's :class:`Submitter`."""
     submitter: Submitter = request.app.state.submitter
@@ -61,8 +68,12 @@ async def get_principal(
 ) -> Principal:
     """Authenticate the ``Authorization: Bearer`` token (the only place that does).
 
+    A principal of a suspended tenant is refused here, before any route runs, unless it
+    holds ``admin`` (see :mod:`app.engine.tenants`).
+
     Raises:
         Unauthenticated: missing, malformed, expired or forged token (401).
+        TenantSuspended: the token's tenant is suspended (403).
     """
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthenticated("missing bearer token")
@@ -150,6 +161,7 @@ DB = Annotated[Database, Depends(get_db)]
 SettingsDep = Annotated[Settings, Depends(get_settings)]
 SubmitterDep = Annotated[Submitter, Depends(get_submitter)]
 ApiKeysDep = Annotated[ApiKeyService, Depends(get_api_keys)]
+TenantsDep = Annotated[TenantService, Depends(get_tenants)]
 Admin = Annotated[Principal, Depends(require(Scope.ADMIN))]
 RunsRead = Annotated[Principal, Depends(require(Scope.RUNS_READ))]
 RunsWrite = Annotated[Principal, Depends(require(Scope.RUNS_WRITE))]

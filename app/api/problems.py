@@ -42,7 +42,7 @@ def _problem_doc(description: str) -> dict[str, Any]:
 PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     400: _problem_doc("Malformed request"),
     401: _problem_doc("Missing or invalid token"),
-    403: _problem_doc("Missing scope"),
+    403: _problem_doc("Missing scope, or the tenant is suspended (code tenant_suspended)"),
     404: _problem_doc("Not found (for this tenant)"),
     422: _problem_doc("Invalid request"),
     503: _problem_doc("Database unavailable or schema not at head; retry after Retry-After"),

@@ -536,6 +536,47 @@ class ApiKeyList(BaseModel):
     items: list[ApiKey]
 
 
+class TenantStatus(StrEnum):
+    """Whether a tenant may act: ``active`` or ``suspended`` (by an operator)."""
+
+    ACTIVE = "active"
+    SUSPENDED = "suspended"
+
+
+class SuspendTenantRequest(BaseModel):
+    """Body of ``POST /admin/tenants/{tenant}/suspend``."""
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={"examples": [{"reason": "invoice 2026-11 unpaid (INC-4521)"}]},
+    )
+
+    reason: Annotated[
+        str,
+        Field(min_length=1, max_length=1000, json_schema_extra=NO_CONTROL_CHARS),
+        AfterValidator(_printable),
+    ] = Field(description="Why, for operators; never shown to the tenant.")
+
+
+class Tenant(BaseModel):
+    """A tenant's suspension state. A tenant nobody acted on is active, with no history."""
+
+    tenant: str
+    status: TenantStatus
+    reason: str | None = Field(description="Why it is suspended; null when active.")
+    changed_by: str | None = Field(description="Subject of the last suspend or resume.")
+    changed_at: datetime | None = Field(description="When (UTC, database clock).")
+    created_at: datetime | None = Field(description="When an operator first acted on it.")
+
+
+class TenantPage(BaseModel):
+    """One page of ``GET /admin/tenants``."""
+
+    items: list[Tenant]
+    next_page_token: str | None
+
+
 class MigrateRunRequest(BaseModel):
     """Body of ``POST /runs/{run_id}/migrate``."""
 

@@ -26,9 +26,9 @@ _SAFE_EVENTS = frozenset(
 def is_redacted(run: RowMapping) -> bool:
     """True when the run's payloads must be withheld from every read.
 
-    A run that failed its authorization re-check (revoked API key) keeps its data in the
-    database for the operators' retention tiers, but no API view shows its input, output,
-    step results, errors of user code or event data again.
+    A run that failed its authorization re-check (suspended tenant, revoked API key) keeps
+    its data in the database for the operators' retention tiers, but no API view shows its
+    input, output, step results, errors of user code or event data again.
     """
     return bool(run["reason"] == RunReason.FAILURE_AUTHORIZATION.value)
 

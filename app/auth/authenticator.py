@@ -16,25 +16,44 @@ class ApiKeyVerifier(Protocol):
     """Looks up and checks an API key (implemented over the database by the engine)."""
 
     async def verify(self, token: str) -> Principal:
-        """Return the key's principal.
+        """Return the key's principal (reading only).
 
         Raises:
             Unauthenticated: unknown, malformed or revoked key.
         """
         ...
 
+    async def mark_used(self, principal: Principal) -> None:
+        """Record that the key authenticated a request that was let in."""
+        ...
+
+
+class TenantGate(Protocol):
+    """Refuses principals of suspended tenants (implemented by the engine's tenants)."""
+
+    async def ensure_active(self, principal: Principal) -> None:
+        """Return if the principal may act.
+
+        Raises:
+            TenantSuspended: its tenant is suspended and it does not hold ``admin``.
+        """
+        ...
+
 
 class Authenticator:
-    """Verify bearer tokens the way ``TREADLE_AUTH_MODE`` says.
+    """Verify bearer tokens the way ``TREADLE_AUTH_MODE`` says, then the tenant.
 
     ``dev``: HS256 tokens from ``treadle token``. ``jwt``: provider tokens checked against
     the JWKS (see :mod:`app.auth.jwt`). In every mode a token starting with ``trd_`` is a
-    per-tenant API key, checked by ``api_keys``.
+    per-tenant API key, checked by ``api_keys``. A valid token of a suspended tenant is
+    refused by ``tenants`` (403) before anything is written (not even an API key's
+    ``last_used_at``).
 
     Args:
         settings: the auth mode and its parameters.
         jwt_verifier: override the JWKS verifier (tests).
         api_keys: API key verifier; without one, API keys are refused.
+        tenants: the suspended-tenant gate; without one, no tenant is refused.
     """
 
     def __init__(
@@ -42,23 +61,36 @@ class Authenticator:
         settings: Settings,
         jwt_verifier: JwtVerifier | None = None,
         api_keys: ApiKeyVerifier | None = None,
+        tenants: TenantGate | None = None,
     ) -> None:
         self.mode = settings.auth_mode
         self._dev = DevTokens(dev_secret(settings)) if self.mode == AuthMode.DEV else None
         self._jwt = jwt_verifier or (JwtVerifier(settings) if self.mode == AuthMode.JWT else None)
         self._api_keys = api_keys
+        self._tenants = tenants
 
     async def authenticate(self, token: str) -> Principal:
-        """Return the token's principal.
+        """Return the token's principal, provided its tenant may act.
 
         Raises:
-            Unauthenticated: the token is not valid in this mode.
+            Unauthenticated: the token is not valid in this mode (401).
+            TenantSuspended: the token's tenant is suspended (403; ``admin`` is exempt).
         """
         if is_api_key(token):
             if self._api_keys is None:
                 raise Unauthenticated("invalid token: API keys are not enabled")
-            return await self._api_keys.verify(token)
+            principal = await self._api_keys.verify(token)
+            await self._ensure_active(principal)
+            await self._api_keys.mark_used(principal)
+            return principal
         if self._jwt is not None:
-            return await self._jwt.verify(token)
-        assert self._dev is not None
-        return self._dev.verify(token)
+            principal = await self._jwt.verify(token)
+        else:
+            assert self._dev is not None
+            principal = self._dev.verify(token)
+        await self._ensure_active(principal)
+        return principal
+
+    async def _ensure_active(self, principal: Principal) -> None:
+        if self._tenants is not None:
+            await self._tenants.ensure_active(principal)

@@ -19,11 +19,11 @@ from joserfc.jwk import OctKey
 
 from app.auth.principal import Principal, Scope
 from app.core.errors import Unauthenticated
+from app.core.ids import is_tenant_id
 from app.core.settings import Settings
 
 DEV_ISSUER = "treadle-dev"
 DEV_AUDIENCE = "treadle"
-_TENANT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
 def dev_secret(settings: Settings) -> str:
@@ -75,7 +75,7 @@ class DevTokens:
         Raises:
             ValueError: an unknown scope or a malformed tenant id.
         """
-        if not tenant_id or len(tenant_id) > 128 or not set(tenant_id) <= _TENANT_CHARS:
+        if not is_tenant_id(tenant_id):
             raise ValueError("tenant must be 1..128 characters of letters, digits, _ . -")
         scope_values = [Scope(s).value for s in scopes]
         now = int(time.time())
@@ -104,7 +104,7 @@ class DevTokens:
             raise Unauthenticated(f"invalid token: {exc}") from exc
         claims = decoded.claims
         tenant = claims.get("tenant")
-        if not isinstance(tenant, str) or not tenant or not set(tenant) <= _TENANT_CHARS:
+        if not is_tenant_id(tenant):
             raise Unauthenticated("invalid token: missing or malformed tenant claim")
         scope_text = claims.get("scope", "")
         scopes = frozenset(

@@ -21,9 +21,8 @@ from joserfc.jwk import KeySet
 
 from app.auth.principal import Principal, Scope
 from app.core.errors import Unauthenticated
+from app.core.ids import is_tenant_id
 from app.core.settings import Settings
-
-_TENANT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
 class JwksSource:
@@ -136,7 +135,7 @@ class JwtVerifier:
     def _principal(self, claims: dict[str, Any]) -> Principal:
         s = self.settings
         tenant = claims.get(s.jwt_tenant_claim)
-        if not isinstance(tenant, str) or not tenant or not set(tenant) <= _TENANT_CHARS:
+        if not is_tenant_id(tenant):
             raise Unauthenticated(f"invalid token: missing or malformed {s.jwt_tenant_claim!r}")
         raw_scopes = claims.get(s.jwt_scope_claim, "")
         names = raw_scopes.split() if isinstance(raw_scopes, str) else list(raw_scopes or [])

@@ -17,6 +17,7 @@ import typer
 
 from app.cli.check import check as check_command
 from app.cli.schedules import schedules_app
+from app.cli.tenants import tenants_app
 from app.core.settings import AuthMode, Settings, format_settings_error
 
 if TYPE_CHECKING:
@@ -40,6 +41,7 @@ maintenance_app = typer.Typer(
 app.add_typer(maintenance_app, name="maintenance")
 
 app.add_typer(schedules_app, name="schedules")
+app.add_typer(tenants_app, name="tenants")
 
 EXAMPLE_HANDLERS = [
     "examples.orders",

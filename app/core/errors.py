@@ -153,6 +153,16 @@ class Forbidden(TreadleError):
     code = "forbidden"
 
 
+class TenantSuspended(Forbidden):
+    """The caller's tenant is suspended by an operator (403, code ``tenant_suspended``).
+
+    ``data["tenant"]`` names the tenant; the operator's reason is never shown to the tenant
+    (it may be about them). Principals holding ``admin`` are exempt (DESIGN §4, issue #5).
+    """
+
+    code = "tenant_suspended"
+
+
 class SchemaVersionMismatch(TreadleError):
     """The database schema is behind or ahead of this code's Alembic head."""
 

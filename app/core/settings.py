@@ -81,6 +81,15 @@ class Settings(BaseSettings):
         le=3600,
         description="Least time between two JWKS fetches (unknown `kid` triggers one).",
     )
+    tenant_cache_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        le=300,
+        description="How long an API process may reuse its list of suspended tenants before "
+        "reading it again (0: read on every request). A suspension or resume made through "
+        "another process takes effect on this one's requests within this window; workers "
+        "always check at each attempt.",
+    )
 
     max_payload_bytes: int = Field(
         default=1_048_576, ge=1024, le=64 * 1_048_576, description="Ceiling on one JSON payload."

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from sqlalchemy import (
     BigInteger,
+    CheckConstraint,
     Column,
     ForeignKey,
     Index,
@@ -280,6 +281,22 @@ api_keys = Table(
     Column("last_used_at", UtcDateTime, nullable=True),
     UniqueConstraint("prefix"),
     Index("ix_api_keys_tenant_id_key_id", "tenant_id", "key_id"),
+)
+
+tenants = Table(
+    "tenants",
+    metadata,
+    # Only tenants an operator has acted on have a row: a tenant with none is active, so
+    # tenants need no registration (they come from token claims and API keys).
+    Column("tenant_id", String(128), primary_key=True),
+    Column("status", String(16), nullable=False),  # active, suspended
+    # Why the tenant was suspended (operators only: never shown to the tenant); NULL once
+    # resumed.
+    Column("reason", Text, nullable=True),
+    Column("changed_by", String(255), nullable=False),  # subject of the last change
+    Column("changed_at", UtcDateTime, nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    CheckConstraint("status IN ('active', 'suspended')", name="status"),
 )
 
 schedules = Table(

@@ -17,14 +17,13 @@ from sqlalchemy import RowMapping
 from app.auth import api_keys as keys
 from app.auth.principal import Principal, Scope
 from app.core.errors import ApiKeyNotFound, InvalidInput, Unauthenticated
-from app.core.ids import new_uuid7
+from app.core.ids import is_tenant_id, new_uuid7
 from app.db.database import Database
 from app.db.queries import api_keys as q
 
 # ``last_used_at`` is written at most this often per key (per process, and by the
 # database clock): an API key used on every request must not cost a write per request.
 LAST_USED_RESOLUTION_SECONDS = 60.0
-_TENANT_CHARS = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
 
 
 @dataclass(frozen=True, slots=True)
@@ -77,7 +76,7 @@ class ApiKeyService:
         Raises:
             InvalidInput: a malformed tenant or name, or bad scopes (422).
         """
-        if not tenant_id or len(tenant_id) > 128 or not set(tenant_id) <= _TENANT_CHARS:
+        if not is_tenant_id(tenant_id):
             raise InvalidInput(
                 "tenant must be 1..128 characters of letters, digits, _ . -",
                 errors=[{"path": "tenant", "message": "invalid"}],
@@ -128,7 +127,7 @@ class ApiKeyService:
         """Check a presented key: well-formed, known, hash equal, not revoked.
 
         One indexed read per request, so a revocation takes effect on the next request.
-        ``last_used_at`` is refreshed at most once a minute.
+        Writes nothing: :meth:`mark_used` records the use once the request is let in.
 
         Raises:
             Unauthenticated: anything wrong (the detail never says which part).
@@ -142,13 +141,17 @@ class ApiKeyService:
             raise Unauthenticated("invalid token: unknown API key")
         if row["revoked_at"] is not None:
             raise Unauthenticated("invalid token: the API key is revoked")
-        await self._touch(row["key_id"])
         return Principal(
             tenant_id=row["tenant_id"],
             subject=subject_of(row),
             scopes=frozenset(Scope(s) for s in row["scopes"].split()),
             api_key_id=row["key_id"],
         )
+
+    async def mark_used(self, principal: Principal) -> None:
+        """Refresh the key's ``last_used_at``, at most once a minute per key and process."""
+        if principal.api_key_id is not None:
+            await self._touch(principal.api_key_id)
 
     async def _touch(self, key_id: uuid.UUID) -> None:
         now = time.monotonic()

@@ -195,8 +195,8 @@ class Claimer:
         now = await fetch_now(conn, conn.dialect.name)
         # Only a run's first start spends budget; resuming after a timer, an approval or a
         # retry back-off is the same run continuing.
-        chosen: dict[Any, Any] = {
-            c["run_id"]: c["due_at"] for c in candidates if c["started_at"] is not None
+        chosen: dict[Any, RowMapping] = {
+            c["run_id"]: c for c in candidates if c["started_at"] is not None
         }
         fresh = [c for c in candidates if c["started_at"] is None]
         bucket_of = {
@@ -211,7 +211,7 @@ class Claimer:
             ok, when = gcra(rate, tats[bucket], now)
             if ok:
                 tats[bucket] = spent[bucket] = when
-                chosen[c["run_id"]] = c["due_at"]
+                chosen[c["run_id"]] = c
             else:
                 deferred.setdefault(when, []).append(c["run_id"])
         for until, run_ids in deferred.items():

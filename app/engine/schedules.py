@@ -43,6 +43,7 @@ from app.core.ids import new_uuid7
 from app.core.settings import Settings
 from app.db.database import Database, fetch_now
 from app.db.queries import schedules as sched_q
+from app.db.queries import tenants as tenants_q
 from app.engine import control
 from app.engine.submit import SubmitRequest, Submitter, insert_prepared
 
@@ -549,6 +550,14 @@ async def fire_tick(
     metrics.SCHEDULE_FIRES.labels(row["workflow"], outcome.value).inc()
     if outcome != FireOutcome.STARTED:
         return Fire(tick, outcome, None)
+    if await tenants_q.is_suspended(conn, row["tenant_id"]):
+        # Nothing is done in a suspended tenant's name: the tick is used up, recorded as
+        # failed with why, instead of starting a run that its first attempt would fail.
+        detail = f"tenant {row['tenant_id']!r} is suspended"
+        await sched_q.set_fire(
+            conn, schedule_id=schedule_id, tick=tick, outcome="failed", error=detail
+        )
+        return Fire(tick, FireOutcome.FAILED, None, detail)
     if policy == Overlap.CANCEL_PREVIOUS:
         for run_id in open_runs:
             await control._cancel_in(

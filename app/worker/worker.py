@@ -29,7 +29,6 @@ from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus
 from app.db.database import Database
 from app.db.migrations import check_schema
-from app.db.queries import api_keys as api_keys_q
 from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
@@ -40,6 +39,7 @@ from app.engine.executor import Completed, Failed, Outcome, RunExecution, Suspen
 from app.engine.registry import Registry
 from app.engine.schedules import Scheduler
 from app.engine.submit import NOTIFY_CHANNEL, Submitter, notify
+from app.engine.tenants import attempt_refusal
 
 log = structlog.get_logger("treadle.worker")
 
@@ -191,24 +191,20 @@ class Worker:
             definition = self.registry.get(row["workflow"], row["version"])
             if definition is None:  # pragma: no cover - the claim filters on registered keys
                 return
-            outcome: Outcome | None = None
-            async with self.db.read() as conn:
-                if row["api_key_id"] is not None and await api_keys_q.is_revoked(
-                    conn, row["api_key_id"]
-                ):
-                    # DESIGN §4: every attempt re-checks who the run acts for. One primary
-                    # key read, only for runs submitted with an API key.
-                    outcome = Failed(
-                        RunReason.FAILURE_AUTHORIZATION,
-                        {
-                            "type": "Unauthorized",
-                            "message": "the API key that submitted this run was revoked",
-                        },
-                    )
-                    rlog.warning("api key revoked; failing run", api_key_id=str(row["api_key_id"]))
-                else:
+            # DESIGN §4: every attempt re-checks who the run acts for (tenant active, API
+            # key not revoked); the claim statement read both, so this costs nothing.
+            refusal = attempt_refusal(row)
+            outcome: Outcome
+            if refusal is not None:
+                rlog.warning(
+                    "attempt refused; failing run",
+                    cause=(refusal.error or {}).get("cause"),
+                    api_key_id=str(row["api_key_id"]) if row["api_key_id"] else None,
+                )
+                outcome = refusal
+            else:
+                async with self.db.read() as conn:
                     journal = await steps_q.load_journal(conn, run_id)
-            if outcome is None:
                 execution = RunExecution(
                     self.db, self.settings, row, definition, journal, self.worker_id, self.submitter
                 )
@@ -290,6 +286,12 @@ class Worker:
                         "reason": outcome.reason.value,
                         "error_type": error.get("type"),
                         "message": str(error.get("message", ""))[:500],
+                        # Authorization failures say why: tenant suspended or key revoked.
+                        **(
+                            {"cause": error.get("cause")}
+                            if outcome.reason == RunReason.FAILURE_AUTHORIZATION
+                            else {}
+                        ),
                     },
                 )
                 metrics.RUNS_FINISHED.labels(

@@ -7,6 +7,10 @@ called with every case below; each call must give the exact status, a problem+js
 and change nothing in the database (row counts of every table, the target run's fence and
 status). Keys are RS256, generated here and served by a JWKS server on 127.0.0.1.
 
+Tenant ``initech`` is suspended before the matrix runs: every endpoint answers its
+principals ``403 tenant_suspended`` naming the tenant (never the operator's reason) and
+changes nothing, while its ``admin`` principals still get in.
+
 A revoked API key's queued run ends ``failed`` / ``failure_authorization`` with a real
 worker process; the key is created and revoked with the ``treadle api-keys`` CLI.
 """
@@ -52,7 +56,8 @@ from tests.unit.test_jwt import Jwks
 ISS = "https://idp.matrix.test/"
 AUD = "treadle-matrix"
 KID = "matrix-1"
-TENANT, OTHER = "acme", "globex"
+TENANT, OTHER, SUSPENDED = "acme", "globex", "initech"
+SUSPENSION_REASON = "matrix: invoice unpaid"
 OWNER, COLLEAGUE = "alice", "bob"
 NON_ADMIN = [s.value for s in Scope if s != Scope.ADMIN]
 EVERY = [s.value for s in Scope]
@@ -69,7 +74,13 @@ CASES_401 = (
     "unknown kid",
     "revoked API key",
 )
-CASES = (*CASES_401, "missing scope", "other tenant", "owner policy violation")
+CASES = (
+    *CASES_401,
+    "missing scope",
+    "suspended tenant",
+    "other tenant",
+    "owner policy violation",
+)
 
 # Values for path parameters, by name. A new route with another parameter fails below.
 STEP_ID, SIGNAL = "approve-1", "go"
@@ -95,15 +106,20 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/schedules/{schedule_id}/pause"): None,
     ("POST", "/schedules/{schedule_id}/resume"): None,
     ("POST", "/schedules/{schedule_id}/trigger"): None,
+    ("POST", "/admin/tenants/{tenant}/suspend"): {"reason": "matrix"},
+    ("POST", "/admin/tenants/{tenant}/resume"): None,
 }
 # Endpoints that create something in the caller's own tenant, or act on the whole
-# deployment (maintenance): "other tenant" and "owner" do not apply (there is no one
-# else's object to reach).
+# deployment (maintenance, tenants): "other tenant" and "owner" do not apply (there is no
+# one else's object to reach; any tenant's admin may suspend any tenant).
 CREATES = {
     ("POST", "/runs"),
     ("POST", "/admin/api-keys"),
     ("POST", "/schedules"),
     ("POST", "/admin/maintenance"),
+    ("GET", "/admin/tenants"),
+    ("POST", "/admin/tenants/{tenant}/suspend"),
+    ("POST", "/admin/tenants/{tenant}/resume"),
 }
 
 
@@ -248,6 +264,7 @@ class World:
             "schedule_id": self.schedule_id,
             "step_id": STEP_ID,
             "name": SIGNAL,
+            "tenant": TENANT,
         }
         path = endpoint.path
         for param in endpoint.params:
@@ -349,6 +366,12 @@ async def _seed(stack: Stack, tokens: Tokens, db: Database) -> World:
             headers={"Authorization": f"Bearer {admin}"},
         )
         assert schedule.status_code == 201, schedule.text
+        suspended = await c.post(
+            f"/admin/tenants/{SUSPENDED}/suspend",
+            json={"reason": SUSPENSION_REASON},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert suspended.status_code == 200, suspended.text
     async with db.write() as conn:
         dl_id = await dl_q.insert_dead_letter(
             conn,
@@ -373,6 +396,9 @@ def _case_token(case: str, endpoint: Endpoint, tokens: Tokens, world: World) -> 
         return world.revoked_key if case == "revoked API key" else tokens.forged(case)
     if case == "missing scope":
         return tokens.valid(TENANT, OWNER, [s for s in NON_ADMIN if s != scope])
+    if case == "suspended tenant":
+        # Every scope but admin (admin principals are exempt, checked separately).
+        return tokens.valid(SUSPENDED, OWNER, NON_ADMIN)
     if case == "other tenant":
         return tokens.valid(OTHER, OWNER, [scope])
     if case == "owner policy violation":
@@ -427,6 +453,12 @@ async def test_authorization_matrix(
                 resp = await call(endpoint, owner, world.fill(endpoint))
                 if resp.status_code not in (200, 202):
                     failures.append(f"control {endpoint.label}: {resp.status_code} {resp.text}")
+        # Control: the suspended tenant's admin principals are not locked out.
+        suspended_admin = tokens.valid(SUSPENDED, "root", EVERY)
+        for path in ("/runs", "/admin/tenants", "/dead-letters"):
+            resp = await c.get(path, headers={"Authorization": f"Bearer {suspended_admin}"})
+            if resp.status_code != 200:
+                failures.append(f"suspended admin GET {path}: {resp.status_code} {resp.text}")
 
         for endpoint in endpoints:
             for case in CASES:
@@ -481,6 +513,20 @@ async def _check(
         expect(403, "forbidden")
         if not problems and resp.json().get("required_scope") != endpoint.scope.value:
             problems.append(f"required_scope {resp.json().get('required_scope')}")
+    elif case == "suspended tenant":
+        expect(403, "tenant_suspended")
+        if not problems:
+            body = {k: v for k, v in resp.json().items() if k != "instance"}
+            wanted = {
+                "type": "urn:treadle:problem:tenant_suspended",
+                "title": "Forbidden",
+                "status": 403,
+                "detail": f"tenant {SUSPENDED!r} is suspended",
+                "code": "tenant_suspended",
+                "tenant": SUSPENDED,
+            }
+            if body != wanted:
+                problems.append(f"problem body {body} != {wanted}")
     elif endpoint.params and endpoint.targets_an_object:
         # Another tenant's (or owner's) object: the same 404 as for an id that never existed.
         expect(404)

@@ -166,6 +166,8 @@ def _context(world: DocsWorld, command: str, base: dict[str, str]) -> dict[str, 
     """Variables for one command: a run in the state the command acts on."""
     env = dict(base)
     setups: list[tuple[str, Callable[[], dict[str, str]]]] = [
+        # Before "/resume": resuming a tenant needs no run (and must not make one).
+        ("/admin/tenants", dict),
         ("/cancel", lambda: {"RUN_ID": world.waiting_approval()}),
         ("/signals/", lambda: {"RUN_ID": world.waiting_approval()}),
         ("/approvals/", lambda: {"RUN_ID": world.waiting_approval()}),

@@ -10,6 +10,7 @@ from app.auth.dev import DevTokens
 from app.auth.principal import Scope
 from app.core import json
 from app.core.errors import BadRequest, PayloadTooLarge, Unauthenticated
+from app.core.ids import is_tenant_id
 from app.core.settings import Settings, format_settings_error
 from app.engine.submit import SubmitRequest
 from app.sdk import WorkflowContext, workflow
@@ -172,3 +173,13 @@ def test_integer_page_positions() -> None:
     ):
         with pytest.raises(BadRequest):
             int_position(bad, "t1", "steps:x")
+
+
+def test_tenant_id_rule() -> None:
+    """One rule for every tenant id: token claims, API keys, /admin/tenants/{tenant}."""
+    for good in ("acme", "a", "A-b_c.9", "t" * 128):
+        assert is_tenant_id(good), good
+    for bad in ("", "t" * 129, "acme\n", "a b", "a\x00b", "é", "a/b", None, 7, ["acme"]):
+        assert not is_tenant_id(bad), bad
+    with pytest.raises(ValueError, match="tenant must be"):
+        DevTokens("x" * 32).mint(tenant_id="t" * 129, subject="s", scopes=[Scope.RUNS_READ])

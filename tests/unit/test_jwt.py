@@ -156,6 +156,7 @@ async def test_every_bad_token_is_refused(jwks: Jwks) -> None:
             rsa, "RS256", "rsa-1", {k: v for k, v in claims().items() if k != "tenant"}
         ),
         "bad tenant": sign(rsa, "RS256", "rsa-1", claims(tenant="a b\u0000")),
+        "tenant too long": sign(rsa, "RS256", "rsa-1", claims(tenant="t" * 129)),
         "no expiry": sign(rsa, "RS256", "rsa-1", {k: v for k, v in claims().items() if k != "exp"}),
         "garbage": "abc.def.ghi",
         "not a JWT": "hello",

@@ -1,15 +1,15 @@
-"""Queries on ``api_keys``: insert, look up by prefix, list, revoke, touch."""
+"""Queries on ``api_keys``: insert, look up by prefix, list, revoke, touch, the claim's check."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy import RowMapping, insert, or_, select, update
+from sqlalchemy import ColumnElement, RowMapping, and_, exists, insert, not_, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.dialect import now_expr, now_plus
-from app.db.tables import api_keys
+from app.db.tables import api_keys, runs
 
 
 async def insert_key(
@@ -92,8 +92,12 @@ async def touch(conn: AsyncConnection, key_id: uuid.UUID, *, min_interval: float
     )
 
 
-async def is_revoked(conn: AsyncConnection, key_id: uuid.UUID) -> bool:
-    """True if the key is revoked or gone: the worker's per-attempt re-check (one PK read)."""
-    stmt = select(api_keys.c.revoked_at).where(api_keys.c.key_id == key_id)
-    row = (await conn.execute(stmt)).first()
-    return row is None or row[0] is not None
+def run_api_key_revoked() -> ColumnElement[bool]:
+    """SQL: was the ``runs`` row's submitting key revoked (or is it gone)? False without one.
+
+    Selected by the claim (:func:`app.db.queries.runs.claim_runs`): each worker attempt
+    re-checks the key in the statement that starts it, with no extra round trip. One
+    primary-key probe, only for runs submitted with a key.
+    """
+    live = exists().where(api_keys.c.key_id == runs.c.api_key_id, api_keys.c.revoked_at.is_(None))
+    return and_(runs.c.api_key_id.is_not(None), not_(live))

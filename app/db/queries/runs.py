@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -33,6 +33,8 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core.errors import ConcurrencyKeyBusy, LeaseLost, RunArchived, RunNotFound
 from app.core.status import TERMINAL_RUN_STATUSES, EventKind, RunStatus
 from app.db.dialect import now_expr, now_plus
+from app.db.queries.api_keys import run_api_key_revoked
+from app.db.queries.tenants import run_tenant_suspended
 from app.db.tables import events, runs, runs_archive
 from app.db.types import UtcDateTime
 
@@ -325,6 +327,10 @@ async def claim_runs(
     ``available_at`` to the lease expiry so that a dead worker's runs come back through
     this same query. Each row carries ``due_at``, when the run became due.
 
+    Each returned row also says whether the attempt it starts may run (DESIGN §4):
+    ``tenant_suspended`` and ``api_key_revoked`` (booleans), read by the CTE in the same
+    statement, so the per-attempt re-check costs no round trip of its own.
+
     ``with_events`` (PostgreSQL only) also inserts each claimed run's ``run_claimed``
     event in the same statement (a data-modifying CTE), so that on an autocommit
     connection a claim is a single round trip; otherwise the caller appends them with
@@ -334,29 +340,47 @@ async def claim_runs(
         return []
     dialect = _dialect(conn)
     due = (
-        select(runs.c.run_id, runs.c.available_at.label("due_at"))
+        select(runs.c.run_id, *_attempt_checks())
         .where(*_claimable(definition_keys, now_expr(dialect)))
         .order_by(*_claim_order())
         .limit(limit)
     )
     if dialect == "postgresql":
-        due_cte = due.with_for_update(skip_locked=True).cte("due")
+        due_cte = due.with_for_update(of=runs, skip_locked=True).cte("due")
         stmt = (
             update(runs)
             .where(runs.c.run_id == due_cte.c.run_id)
             .values(**_lease(dialect, worker_id, lease_ttl))
-            # When each run became due, for the schedule-to-start metric.
-            .returning(*runs.c, due_cte.c.due_at)
+            # When each run became due (the schedule-to-start metric), and the re-checks.
+            .returning(
+                *runs.c,
+                due_cte.c.due_at,
+                due_cte.c.tenant_suspended,
+                due_cte.c.api_key_revoked,
+            )
         )
         if with_events:
             stmt = _with_claim_events(stmt, worker_id)
         return (await conn.execute(stmt)).mappings().all()
     # SQLite's RETURNING names only the updated table, so read the due rows first;
     # BEGIN IMMEDIATE already holds the write lock, so nothing moves in between.
-    picked = (await conn.execute(due)).all()
+    picked = (await conn.execute(due)).mappings().all()
     return await claim_listed_runs(
-        conn, worker_id=worker_id, due={row[0]: row[1] for row in picked}, lease_ttl=lease_ttl
+        conn, worker_id=worker_id, due={row["run_id"]: row for row in picked}, lease_ttl=lease_ttl
     )
+
+
+def _attempt_checks() -> list[Any]:
+    """Columns every claim reads with its candidates: due time and authorization checks.
+
+    ``due_at`` (when the run became due) and the per-attempt re-checks
+    ``tenant_suspended`` and ``api_key_revoked`` (app/db/queries/tenants.py, api_keys.py).
+    """
+    return [
+        runs.c.available_at.label("due_at"),
+        run_tenant_suspended().label("tenant_suspended"),
+        run_api_key_revoked().label("api_key_revoked"),
+    ]
 
 
 def _with_claim_events(claim: Any, worker_id: str) -> Any:
@@ -394,8 +418,9 @@ async def due_candidates(
 
     For queue-controlled workflows (app/engine/claims.py), which decide per run whether it
     may start. Rows: ``run_id``, ``tenant_id``, ``concurrency_key``, ``started_at``,
-    ``due_at``. PostgreSQL: ``FOR UPDATE SKIP LOCKED`` (the caller's transaction holds the
-    rows until it claims or defers them); SQLite: the ``BEGIN IMMEDIATE`` write lock.
+    ``due_at``, ``tenant_suspended``, ``api_key_revoked``. PostgreSQL: ``FOR UPDATE SKIP
+    LOCKED`` (the caller's transaction holds the rows until it claims or defers them);
+    SQLite: the ``BEGIN IMMEDIATE`` write lock.
     """
     if not definition_keys or limit <= 0:
         return []
@@ -406,14 +431,14 @@ async def due_candidates(
             runs.c.tenant_id,
             runs.c.concurrency_key,
             runs.c.started_at,
-            runs.c.available_at.label("due_at"),
+            *_attempt_checks(),
         )
         .where(*_claimable(definition_keys, now_expr(dialect)))
         .order_by(*_claim_order())
         .limit(limit)
     )
     if dialect == "postgresql":
-        stmt = stmt.with_for_update(skip_locked=True)
+        stmt = stmt.with_for_update(of=runs, skip_locked=True)
     return (await conn.execute(stmt)).mappings().all()
 
 
@@ -421,17 +446,20 @@ async def claim_listed_runs(
     conn: AsyncConnection,
     *,
     worker_id: str,
-    due: dict[uuid.UUID, Any],
+    due: Mapping[uuid.UUID, Mapping[Any, Any]],
     lease_ttl: float,
     started_at: datetime | None = None,
 ) -> Sequence[RowMapping]:
-    """Lease the runs ``due`` names (``{run_id: due_at}``), already locked by the caller.
+    """Lease the runs ``due`` names, already locked by the caller.
+
+    ``due`` maps each run id to its candidate row (:func:`due_candidates`): its
+    ``due_at``, ``tenant_suspended`` and ``api_key_revoked`` are added to the claimed row.
 
     ``started_at`` (UTC) is recorded as a first start's time instead of the statement's
     clock: the instant a rate limit admitted it. (On PostgreSQL both are the transaction's
     ``now()``; SQLite's clock moves between statements of one transaction.)
 
-    Returns the claimed rows with ``due_at`` added (as :func:`claim_runs`).
+    Returns the claimed rows as :func:`claim_runs` does.
     """
     if not due:
         return []
@@ -443,7 +471,11 @@ async def claim_listed_runs(
         )
     stmt = update(runs).where(runs.c.run_id.in_(list(due))).values(**values).returning(*runs.c)
     claimed = (await conn.execute(stmt)).mappings().all()
-    return [{**row, "due_at": due[row["run_id"]]} for row in claimed]  # type: ignore[misc]
+    checks = ("due_at", "tenant_suspended", "api_key_revoked")
+    return [
+        {**row, **{k: due[row["run_id"]][k] for k in checks}}  # type: ignore[misc]
+        for row in claimed
+    ]
 
 
 async def count_leased(conn: AsyncConnection, *, workflow: str) -> int:

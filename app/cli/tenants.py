@@ -1,0 +1,108 @@
+"""``treadle tenants …``: suspend and resume tenants, straight on the database.
+
+Like ``treadle api-keys`` and ``treadle migrate``, these talk to the database directly
+(``TREADLE_DATABASE_URL``), so an operator can act even when no admin token is at hand.
+API processes notice a change within ``TREADLE_TENANT_CACHE_SECONDS``; workers at the
+next attempt of each run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Annotated
+
+import typer
+
+if TYPE_CHECKING:
+    from app.engine.tenants import TenantService, TenantState
+
+tenants_app = typer.Typer(
+    help="Suspend and resume tenants, straight on the database (like `treadle migrate`).",
+    no_args_is_help=True,
+)
+
+
+def _tenants_run(work: Callable[[TenantService], Awaitable[None]]) -> None:
+    """Open the database (schema at head), run ``work(service)``, report domain errors."""
+    # Imported here: app.cli.main imports this module to register the command group.
+    from app.cli.main import _fail, _require_schema, _run, load_settings
+    from app.core.errors import TreadleError
+    from app.db.database import Database
+    from app.engine.tenants import TenantService
+
+    settings = load_settings()
+
+    async def main() -> None:
+        await _require_schema(settings)
+        db = Database(settings)
+        try:
+            await work(TenantService(db))
+        finally:
+            await db.dispose()
+
+    try:
+        _run(main())
+    except TreadleError as exc:
+        _fail(exc.detail)
+
+
+def _line(state: TenantState) -> str:
+    changed = (
+        f"by {state.changed_by} at {state.changed_at.isoformat()}"
+        if state.changed_at is not None
+        else "never changed"
+    )
+    reason = f"  reason: {state.reason}" if state.reason else ""
+    return f"{state.tenant_id}  {state.status}  {changed}{reason}"
+
+
+@tenants_app.command("list")
+def tenants_list(
+    suspended: Annotated[
+        bool, typer.Option("--suspended", help="Only tenants suspended now")
+    ] = False,
+) -> None:
+    """List tenants an operator has acted on (a tenant not listed is active)."""
+
+    async def work(service: TenantService) -> None:
+        after: str | None = None
+        shown = 0
+        while True:
+            page = await service.list_tenants(
+                status="suspended" if suspended else None, after=after, limit=500
+            )
+            for state in page:
+                typer.echo(_line(state))
+            shown += len(page)
+            if len(page) < 500:
+                break
+            after = page[-1].tenant_id
+        if not shown:
+            typer.echo("(no tenants suspended)" if suspended else "(no tenants)")
+
+    _tenants_run(work)
+
+
+@tenants_app.command("suspend")
+def tenants_suspend(
+    tenant: str,
+    reason: Annotated[str, typer.Option(help="Why (operators only; never shown to the tenant)")],
+) -> None:
+    """Suspend a tenant: its requests get 403 and its runs fail at their next attempt."""
+    from app.cli.main import _operator
+
+    async def work(service: TenantService) -> None:
+        typer.echo(_line(await service.suspend(tenant_id=tenant, reason=reason, actor=_operator())))
+
+    _tenants_run(work)
+
+
+@tenants_app.command("resume")
+def tenants_resume(tenant: str) -> None:
+    """Resume a tenant; requeue the dead letters of runs that failed meanwhile to run them."""
+    from app.cli.main import _operator
+
+    async def work(service: TenantService) -> None:
+        typer.echo(_line(await service.resume(tenant_id=tenant, actor=_operator())))
+
+    _tenants_run(work)
