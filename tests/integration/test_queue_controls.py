@@ -293,3 +293,21 @@ async def test_priority_and_controls_over_http(settings: Settings, db: Database)
             "by": "key",
         }
         assert controls["ranked"]["concurrency_limit"] is None
+
+
+async def test_suspended_tenant_is_refused_on_the_controlled_claim_paths(
+    settings: Settings, db: Database
+) -> None:
+    from app.engine.tenants import TenantService
+
+    await _register(db)
+    ids = [
+        await _submit(db, settings, "limited", Job(n=1)),
+        await _submit(db, settings, "metered", Job(n=2)),
+    ]
+    await TenantService(db).suspend(tenant_id=TENANT, reason="unpaid", actor="ops")
+    async with workers(settings, db, REGISTRY, count=2, concurrency=4):
+        for run_id in ids:
+            row = await reach(db, TENANT, run_id, "failed")
+            assert row["reason"] == "failure_authorization"
+    assert GAUGE.order == []  # no step of theirs ran
