@@ -28,10 +28,11 @@ from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json, metrics
-from app.core.errors import CeilingExceeded, InvalidInput, PayloadTooLarge
+from app.core.errors import CeilingExceeded, CheckpointFault, InvalidInput, PayloadTooLarge
 from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus, StepStatus
 from app.db.database import Database
+from app.db.faults import classify
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
@@ -252,11 +253,19 @@ class RunExecution:
     async def write(self, fn: Callable[[AsyncConnection], Awaitable[None]]) -> None:
         """Run ``fn`` in a write transaction that first verifies our fence.
 
+        Every checkpoint goes through here. A deadlock, serialization failure or SQLite
+        lock re-runs the whole transaction (``TREADLE_DB_RETRY_ATTEMPTS``), so ``fn``
+        must keep no state outside the database between calls (or reset it first).
+
         Raises:
             LeaseLost: the fence moved; nothing was written.
+            CheckpointFault: a transient database fault (unreachable, pool or statement
+                timeout, conflicts past the retries); nothing was written and the worker
+                gives the run back instead of letting the fault reach workflow code.
         """
         markers = list(self.pending_markers)
-        async with self.db.write() as conn:
+
+        async def checkpoint(conn: AsyncConnection) -> None:
             await runs_q.check_fence(conn, self.run_id, self.fence)
             # ctx.patched markers go first, in the same transaction: no later step can
             # be journaled without the marker that decided its path.
@@ -274,6 +283,14 @@ class RunExecution:
                     output="true",
                 )
             await fn(conn)
+
+        try:
+            await self.db.write_retrying(checkpoint, what="checkpoint")
+        except Exception as exc:
+            fault = classify(exc)
+            if fault is None:
+                raise
+            raise CheckpointFault(self.run_id, fault.value) from exc
         del self.pending_markers[: len(markers)]
 
     async def execute(self) -> Outcome:
@@ -281,6 +298,8 @@ class RunExecution:
 
         Raises:
             LeaseLost: a checkpoint found the fence moved; the caller abandons the run.
+            CheckpointFault: a checkpoint met a transient database fault; the caller
+                gives the run back (see :meth:`write`).
         """
         try:
             # Parsed with the stdlib first: pydantic's JSON parser refuses lone surrogates,
@@ -340,7 +359,7 @@ class RunExecution:
         escaped = body.exception()
         if escaped is not None:
             if not isinstance(escaped, Exception):
-                raise escaped  # LeaseLost and friends
+                raise escaped  # LeaseLost, CheckpointFault and friends
             return await self._compensate(ctx, self._failure_from(escaped))
         output = body.result()
         try:
