@@ -8,12 +8,13 @@ import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from app.core import errors
+from app.core import errors, metrics
 from app.core.json import MAX_DEPTH
+from app.db.faults import DbFault, classify
 
 log = structlog.get_logger("treadle.api")
 
@@ -45,7 +46,10 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: _problem_doc("Missing scope, or the tenant is suspended (code tenant_suspended)"),
     404: _problem_doc("Not found (for this tenant)"),
     422: _problem_doc("Invalid request"),
-    503: _problem_doc("Database unavailable or schema not at head; retry after Retry-After"),
+    503: _problem_doc(
+        "Database unavailable, busy, timed out or conflicting, or schema not at head; "
+        "retry after Retry-After"
+    ),
 }
 """OpenAPI ``responses=`` shared by every authenticated route."""
 
@@ -179,14 +183,48 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
     )
 
 
-async def _database_unavailable(request: Request, exc: Exception) -> JSONResponse:
-    log.warning("database unavailable", path=request.url.path, error=str(exc)[:300])
+# Every transient database fault is a 503 with Retry-After: the request changed nothing
+# (its transaction rolled back) and the same request succeeds once the fault clears.
+_FAULT_PROBLEMS: dict[DbFault, tuple[str, str]] = {
+    DbFault.UNAVAILABLE: ("database_unavailable", "the database is unavailable; retry shortly"),
+    DbFault.POOL_TIMEOUT: (
+        "database_busy",
+        "every database connection of this server is busy; retry shortly",
+    ),
+    DbFault.STATEMENT_TIMEOUT: (
+        "database_timeout",
+        "a database statement took longer than the statement timeout; retry shortly",
+    ),
+    DbFault.DEADLOCK: (
+        "database_conflict",
+        "the request kept conflicting with concurrent work (deadlock); retry shortly",
+    ),
+    DbFault.SERIALIZATION_FAILURE: (
+        "database_conflict",
+        "the request kept conflicting with concurrent work (serialization failure); retry shortly",
+    ),
+    DbFault.LOCKED: (
+        "database_conflict",
+        "the database stayed locked by concurrent work; retry shortly",
+    ),
+}
+DB_FAULT_RETRY_AFTER = "2"
+"""``Retry-After`` seconds of every transient database fault (503)."""
+
+
+async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+    fault = classify(exc)
+    if fault is None:
+        return await _unexpected(request, exc)
+    metrics.DB_FAULTS.labels(fault.value).inc()
+    log.warning("database fault", fault=fault.value, path=request.url.path, error=str(exc)[:300])
+    code, detail = _FAULT_PROBLEMS[fault]
     return problem(
         503,
-        "database_unavailable",
-        "the database is unavailable; retry shortly",
+        code,
+        detail,
         instance=request.url.path,
-        headers={"Retry-After": "2"},
+        headers={"Retry-After": DB_FAULT_RETRY_AFTER},
     )
 
 
@@ -202,8 +240,8 @@ def install(app: FastAPI) -> None:
     app.add_exception_handler(errors.TreadleError, _treadle_error)
     app.add_exception_handler(RequestValidationError, _validation_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
-    app.add_exception_handler(OperationalError, _database_unavailable)
-    app.add_exception_handler(PoolTimeout, _database_unavailable)
-    app.add_exception_handler(ConnectionError, _database_unavailable)
-    app.add_exception_handler(DBAPIError, _unexpected)
+    # DBAPIError covers OperationalError; errors that are no transient fault are a 500.
+    app.add_exception_handler(DBAPIError, _database_error)
+    app.add_exception_handler(PoolTimeout, _database_error)
+    app.add_exception_handler(ConnectionError, _database_error)
     app.add_exception_handler(Exception, _unexpected)

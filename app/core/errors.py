@@ -185,3 +185,25 @@ class LeaseLost(BaseException):
     def __init__(self, run_id: object) -> None:
         super().__init__(f"lease lost on run {run_id}")
         self.run_id = run_id
+
+
+class CheckpointFault(BaseException):
+    """A worker could not write a checkpoint of a run it holds: a transient database fault.
+
+    Raised by the executor's checkpoint writes when the database is unreachable, no pooled
+    connection came free in time, PostgreSQL's ``statement_timeout`` cancelled a statement,
+    or a deadlock / serialization failure / SQLite lock outlasted
+    ``TREADLE_DB_RETRY_ATTEMPTS``. Nothing of that checkpoint was written. Like
+    :class:`LeaseLost` it derives from ``BaseException`` so workflow code cannot swallow
+    it with ``except Exception``, and the fault never fails the run: the worker gives the
+    run back and it resumes later from its journal.
+
+    Attributes:
+        run_id: the run whose checkpoint failed.
+        fault: the fault's name (``app.db.faults.DbFault`` value, e.g. ``statement_timeout``).
+    """
+
+    def __init__(self, run_id: object, fault: str) -> None:
+        super().__init__(f"checkpoint of run {run_id} failed: database {fault}")
+        self.run_id = run_id
+        self.fault = fault

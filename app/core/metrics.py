@@ -36,6 +36,19 @@ SCHEDULE_TO_START = Histogram(
 LEASE_LOSSES = Counter(
     "treadle_lease_losses_total", "Executions abandoned because their lease (fence) moved."
 )
+DB_RETRIES = Counter(
+    "treadle_db_retries_total",
+    "Write transactions re-run after a transient conflict, by fault (deadlock, "
+    "serialization_failure, locked).",
+    ["fault"],
+)
+DB_FAULTS = Counter(
+    "treadle_db_faults_total",
+    "Transient database faults that ended a request (503) or released a worker's run, by "
+    "fault (unavailable, pool_timeout, statement_timeout, deadlock, serialization_failure, "
+    "locked).",
+    ["fault"],
+)
 HEARTBEATS_FAILED = Counter(
     "treadle_heartbeats_failed_total", "Worker heartbeats that could not reach the database."
 )

@@ -51,7 +51,30 @@ class Settings(BaseSettings):
         "default: SQLite at <data_dir>/treadle.db.",
     )
     db_pool_size: int = Field(default=10, ge=1, le=200, description="Connections per process.")
-    db_statement_timeout_seconds: float = Field(default=30.0, gt=0, le=3600)
+    db_pool_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=600,
+        description="How long a request or checkpoint waits for a free pooled connection; "
+        "then the API answers 503 database_busy (Retry-After) and a worker releases the run.",
+    )
+    db_statement_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="PostgreSQL statement_timeout of every pooled connection; a statement "
+        "cancelled by it answers 503 database_timeout (Retry-After) in the API and releases "
+        "the run in a worker.",
+    )
+    db_retry_attempts: int = Field(
+        default=4,
+        ge=1,
+        le=20,
+        description="Attempts of a write transaction that hit a deadlock (SQLSTATE 40P01), a "
+        "serialization failure (40001) or a locked SQLite database, with jittered "
+        "exponential backoff between them; 1 disables the retry. When they run out the API "
+        "answers 503 database_conflict (Retry-After).",
+    )
     sqlite_busy_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
 
     auth_mode: AuthMode = AuthMode.DEV

@@ -8,10 +8,10 @@ never begin or commit.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from sqlalchemy import event, select
 from sqlalchemy.engine import make_url
@@ -19,6 +19,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 
 from app.core.settings import Settings
 from app.db.dialect import now_expr
+from app.db.faults import retry_conflicts
+
+T = TypeVar("T")
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -34,7 +37,13 @@ class Database:
     ``write()`` opens a transaction that takes the write lock up front on SQLite
     (``BEGIN IMMEDIATE``, so two writers never deadlock upgrading a read lock); ``read()``
     opens a plain transaction that WAL lets run beside a writer. On PostgreSQL both share
-    one pool.
+    one pool. ``write_retrying(fn)`` is ``write()`` re-run after a deadlock, serialization
+    failure or SQLite lock (:mod:`app.db.faults`).
+
+    Pools are bounded (``TREADLE_DB_POOL_SIZE``, no overflow): a caller that finds every
+    connection checked out queues for one, up to ``TREADLE_DB_POOL_TIMEOUT_SECONDS``, then
+    gets ``sqlalchemy.exc.TimeoutError`` (the API's 503 ``database_busy``). On PostgreSQL
+    every connection carries ``statement_timeout`` = ``TREADLE_DB_STATEMENT_TIMEOUT_SECONDS``.
 
     Attributes:
         dialect: ``"postgresql"`` or ``"sqlite"``.
@@ -58,7 +67,12 @@ class Database:
                 self.url,
                 pool_size=settings.db_pool_size,
                 max_overflow=0,
+                pool_timeout=settings.db_pool_timeout_seconds,
                 pool_pre_ping=True,
+                # The server's statement_timeout rather than asyncpg's command_timeout: the
+                # server cancels the statement and frees its locks, the connection stays
+                # usable, and the error (SQLSTATE 57014) cannot be mistaken for the
+                # TimeoutError of a step's own timeout.
                 connect_args={"server_settings": {"statement_timeout": str(timeout_ms)}},
             )
             self.read_engine = self.engine
@@ -74,7 +88,11 @@ class Database:
         if _sqlite_path(self.url) is not None:
             # One writer connection per process: SQLite has one writer anyway, and queueing
             # in our pool beats spinning on the busy timeout.
-            pool = {"pool_size": 1 if immediate else self.settings.db_pool_size, "max_overflow": 0}
+            pool = {
+                "pool_size": 1 if immediate else self.settings.db_pool_size,
+                "max_overflow": 0,
+                "pool_timeout": self.settings.db_pool_timeout_seconds,
+            }
         engine = create_async_engine(
             self.url,
             connect_args={"timeout": self.settings.sqlite_busy_timeout_seconds},
@@ -104,6 +122,34 @@ class Database:
         """Open a write transaction; commits on success, rolls back on any exception."""
         async with self.engine.begin() as conn:
             yield conn
+
+    async def write_retrying(
+        self, fn: Callable[[AsyncConnection], Awaitable[T]], *, what: str = "transaction"
+    ) -> T:
+        """Run ``fn(conn)`` in a write transaction, re-run after a transient conflict.
+
+        A deadlock (SQLSTATE 40P01), serialization failure (40001) or locked SQLite
+        database rolls the whole transaction back; it is run again from the start, up to
+        ``TREADLE_DB_RETRY_ATTEMPTS`` attempts in all, with jittered exponential backoff
+        (:func:`app.db.faults.retry_conflicts`). ``fn`` must therefore keep no state
+        outside the database between calls (count metrics after this returns).
+
+        Args:
+            fn: the transaction's statements; receives the open connection.
+            what: names the transaction in the retry log line.
+
+        Returns:
+            What ``fn`` returned in the attempt that committed.
+
+        Raises:
+            Whatever ``fn`` or the commit raised; a conflict once the attempts ran out.
+        """
+
+        async def once() -> T:
+            async with self.write() as conn:
+                return await fn(conn)
+
+        return await retry_conflicts(once, attempts=self.settings.db_retry_attempts, what=what)
 
     @contextlib.asynccontextmanager
     async def autocommit(self) -> AsyncIterator[AsyncConnection]:

@@ -13,6 +13,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.auth import api_keys as keys
 from app.auth.principal import Principal, Scope
@@ -88,8 +89,9 @@ class ApiKeyService:
             )
         scope_list = parse_scopes(scopes)
         new = keys.generate()
-        async with self.db.write() as conn:
-            row = await q.insert_key(
+
+        async def insert(conn: AsyncConnection) -> RowMapping:
+            return await q.insert_key(
                 conn,
                 key_id=new_uuid7(),
                 tenant_id=tenant_id,
@@ -99,6 +101,8 @@ class ApiKeyService:
                 scopes=" ".join(s.value for s in scope_list),
                 created_by=created_by,
             )
+
+        row = await self.db.write_retrying(insert, what="create API key")
         return CreatedKey(row=row, token=new.token)
 
     async def list_keys(
@@ -116,9 +120,12 @@ class ApiKeyService:
         Raises:
             ApiKeyNotFound: not this tenant's key (404).
         """
-        async with self.db.write() as conn:
+
+        async def revoke(conn: AsyncConnection) -> RowMapping | None:
             await q.revoke(conn, tenant_id, key_id, actor)
-            row = await q.get_key(conn, tenant_id, key_id)
+            return await q.get_key(conn, tenant_id, key_id)
+
+        row = await self.db.write_retrying(revoke, what="revoke API key")
         if row is None:
             raise ApiKeyNotFound(f"API key {key_id} not found", key_id=str(key_id))
         return row

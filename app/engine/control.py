@@ -62,9 +62,14 @@ async def cancel(
         RunNotFound: not this tenant's run (or not visible to ``owner``).
         RunFinished: the run already finished otherwise (409).
     """
-    async with db.write() as conn:
+
+    async def cancel_tx(conn: AsyncConnection) -> RowMapping:
         await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)  # 404 before anything
-        row = await _cancel_in(conn, tenant_id=tenant_id, run_id=run_id, actor=actor, reason=reason)
+        return await _cancel_in(
+            conn, tenant_id=tenant_id, run_id=run_id, actor=actor, reason=reason
+        )
+
+    row = await db.write_retrying(cancel_tx, what="cancel")
     if row["status"] not in (
         RunStatus.CANCELLED.value,
         RunStatus.CANCELLING.value,
@@ -174,7 +179,8 @@ async def send_signal(
             already buffered (422; nothing stored).
     """
     text = json.dumps_limited(payload, settings.max_payload_bytes, "signal payload")
-    async with db.write() as conn:
+
+    async def signal_tx(conn: AsyncConnection) -> int:
         run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
         _require_live(run)
         buffered = await signals_q.count_buffered(conn, run_id)
@@ -200,7 +206,9 @@ async def send_signal(
         if run["status"] == RunStatus.WAITING_SIGNAL.value:
             await runs_q.make_due(conn, run_id=run_id)
             await notify(conn)
-    return signal_id
+        return signal_id
+
+    return await db.write_retrying(signal_tx, what="signal")
 
 
 async def decide_approval(
@@ -233,7 +241,8 @@ async def decide_approval(
             and self-approval is not allowed (403).
     """
     payload_text = json.dumps_limited(payload, settings.max_payload_bytes, "approval payload")
-    async with db.write() as conn:
+
+    async def decide_tx(conn: AsyncConnection) -> bool:
         run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
         step = (
             (
@@ -293,6 +302,9 @@ async def decide_approval(
         if resolved:
             await runs_q.make_due(conn, run_id=run_id)
             await notify(conn)
+        return resolved
+
+    resolved = await db.write_retrying(decide_tx, what="approval decision")
     return {"step_id": step_id, "decision": decision, "decided_by": subject, "resolved": resolved}
 
 
@@ -357,7 +369,8 @@ async def requeue_dead_letter(
         InvalidState: already requeued, or the run is no longer failed (409).
         ConcurrencyKeyBusy: a newer active run holds the run's concurrency key (409).
     """
-    async with db.write() as conn:
+
+    async def requeue_tx(conn: AsyncConnection) -> RowMapping:
         stmt = select(dead_letters).where(
             dead_letters.c.dead_letter_id == dead_letter_id,
             dead_letters.c.tenant_id == tenant_id,
@@ -437,7 +450,7 @@ async def requeue_dead_letter(
             },
         )
         await notify(conn)
-        row = (
+        return (
             (
                 await conn.execute(
                     select(dead_letters).where(dead_letters.c.dead_letter_id == dead_letter_id)
@@ -446,7 +459,8 @@ async def requeue_dead_letter(
             .mappings()
             .one()
         )
-    return row
+
+    return await db.write_retrying(requeue_tx, what="requeue")
 
 
 async def pending_dead_letter_id(
@@ -483,7 +497,8 @@ async def resume(
         RunNotFound: not this tenant's run.
         InvalidState: the run is not waiting (409).
     """
-    async with db.write() as conn:
+
+    async def resume_tx(conn: AsyncConnection) -> RowMapping:
         run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
         if not await runs_q.make_due(conn, run_id=run_id):
             raise InvalidState(f"run {run_id} is {run['status']!r}, not waiting")
@@ -498,3 +513,5 @@ async def resume(
         )
         await notify(conn)
         return await runs_q.get_run(conn, tenant_id, run_id)
+
+    return await db.write_retrying(resume_tx, what="resume")

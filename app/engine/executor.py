@@ -28,10 +28,11 @@ from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json, metrics
-from app.core.errors import CeilingExceeded, InvalidInput, PayloadTooLarge
+from app.core.errors import CeilingExceeded, CheckpointFault, InvalidInput, PayloadTooLarge
 from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus, StepStatus
 from app.db.database import Database
+from app.db.faults import classify, retry_conflicts
 from app.db.queries import checkpoints as checkpoints_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
@@ -253,14 +254,32 @@ class RunExecution:
         """The database clock, estimated from the claim time plus local monotonic time."""
         return self._db_now_at_claim + timedelta(seconds=time.monotonic() - self._mono_at_claim)
 
-    async def write(self, fn: Callable[[AsyncConnection], Awaitable[None]]) -> None:
+    async def write(
+        self,
+        fn: Callable[[AsyncConnection], Awaitable[None]],
+        *,
+        single: Callable[[AsyncConnection], Awaitable[None]] | None = None,
+    ) -> None:
         """Run ``fn`` in a write transaction that first verifies our fence.
+
+        ``single``, when given, is the same checkpoint as ONE self-fencing statement
+        (app/db/queries/checkpoints.py): on PostgreSQL, with no ``ctx.patched`` marker
+        pending, it runs instead of ``fn`` on an autocommit connection, one round trip
+        instead of five. It must raise ``LeaseLost`` itself when the fence moved.
+
+        Every checkpoint goes through here. A deadlock, serialization failure or SQLite
+        lock re-runs the whole transaction (``TREADLE_DB_RETRY_ATTEMPTS``), so ``fn``
+        must keep no state outside the database between calls (or reset it first).
 
         Raises:
             LeaseLost: the fence moved; nothing was written.
+            CheckpointFault: a transient database fault (unreachable, pool or statement
+                timeout, conflicts past the retries); nothing was written and the worker
+                gives the run back instead of letting the fault reach workflow code.
         """
         markers = list(self.pending_markers)
-        async with self.db.write() as conn:
+
+        async def checkpoint(conn: AsyncConnection) -> None:
             await runs_q.check_fence(conn, self.run_id, self.fence)
             # ctx.patched markers go first, in the same transaction: no later step can
             # be journaled without the marker that decided its path.
@@ -278,6 +297,23 @@ class RunExecution:
                     output="true",
                 )
             await fn(conn)
+
+        async def alone() -> None:
+            assert single is not None
+            async with self.db.autocommit() as conn:
+                await single(conn)
+
+        try:
+            if single is not None and self.single_statement_checkpoints and not markers:
+                attempts = self.settings.db_retry_attempts
+                await retry_conflicts(alone, attempts=attempts, what="checkpoint")
+            else:
+                await self.db.write_retrying(checkpoint, what="checkpoint")
+        except Exception as exc:
+            fault = classify(exc)
+            if fault is None:
+                raise
+            raise CheckpointFault(self.run_id, fault.value) from exc
         del self.pending_markers[: len(markers)]
 
     async def execute(self) -> Outcome:
@@ -285,6 +321,8 @@ class RunExecution:
 
         Raises:
             LeaseLost: a checkpoint found the fence moved; the caller abandons the run.
+            CheckpointFault: a checkpoint met a transient database fault; the caller
+                gives the run back (see :meth:`write`).
         """
         try:
             # Parsed with the stdlib first: pydantic's JSON parser refuses lone surrogates,
@@ -344,7 +382,7 @@ class RunExecution:
         escaped = body.exception()
         if escaped is not None:
             if not isinstance(escaped, Exception):
-                raise escaped  # LeaseLost and friends
+                raise escaped  # LeaseLost, CheckpointFault and friends
             return await self._compensate(ctx, self._failure_from(escaped))
         output = body.result()
         try:
@@ -635,36 +673,34 @@ class RunExecution:
                 kind=kind,
             )
 
-        if self.single_statement_checkpoints and not self.pending_markers:
-            async with self.db.autocommit() as conn:
-                await checkpoints_q.start_attempt(
-                    conn,
-                    run_id=self.run_id,
-                    fence=self.fence,
-                    step_id=step_id,
-                    seq=seq,
-                    kind=kind,
-                    name=name,
-                    attempt=attempt,
-                    max_attempts=retry.max_attempts,
-                    detail=detail,
-                    event_data=json.dumps({"attempt": attempt, "worker_id": self.worker_id}),
-                )
-        else:
+        async def start(conn: AsyncConnection) -> None:
+            await self.record_attempt_start(
+                conn,
+                step_id=step_id,
+                seq=seq,
+                kind=kind,
+                name=name,
+                attempt=attempt,
+                max_attempts=retry.max_attempts,
+                detail=detail,
+            )
 
-            async def start(conn: AsyncConnection) -> None:
-                await self.record_attempt_start(
-                    conn,
-                    step_id=step_id,
-                    seq=seq,
-                    kind=kind,
-                    name=name,
-                    attempt=attempt,
-                    max_attempts=retry.max_attempts,
-                    detail=detail,
-                )
+        async def start_alone(conn: AsyncConnection) -> None:
+            await checkpoints_q.start_attempt(
+                conn,
+                run_id=self.run_id,
+                fence=self.fence,
+                step_id=step_id,
+                seq=seq,
+                kind=kind,
+                name=name,
+                attempt=attempt,
+                max_attempts=retry.max_attempts,
+                detail=detail,
+                event_data=json.dumps({"attempt": attempt, "worker_id": self.worker_id}),
+            )
 
-            await self.write(start)
+        await self.write(start, single=start_alone)
         info = StepInfo(
             run_id=self.run_id,
             step_id=step_id,
@@ -708,24 +744,20 @@ class RunExecution:
                 attempt,
             )
 
-        if self.single_statement_checkpoints and not self.pending_markers:
-            async with self.db.autocommit() as conn:
-                await checkpoints_q.record_success(
-                    conn,
-                    run_id=self.run_id,
-                    fence=self.fence,
-                    step_id=step_id,
-                    output=text,
-                    event_data=json.dumps({"attempt": attempt}),
-                )
-        else:
+        async def succeed(conn: AsyncConnection) -> None:
+            await self.record_attempt_success(conn, step_id=step_id, attempt=attempt, output=text)
 
-            async def succeed(conn: AsyncConnection) -> None:
-                await self.record_attempt_success(
-                    conn, step_id=step_id, attempt=attempt, output=text
-                )
+        async def succeed_alone(conn: AsyncConnection) -> None:
+            await checkpoints_q.record_success(
+                conn,
+                run_id=self.run_id,
+                fence=self.fence,
+                step_id=step_id,
+                output=text,
+                event_data=json.dumps({"attempt": attempt}),
+            )
 
-            await self.write(succeed)
+        await self.write(succeed, single=succeed_alone)
         # Return what a replay would return, so both paths behave identically.
         return adapter.validate_python(json.loads(text))
 

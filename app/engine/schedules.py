@@ -329,11 +329,14 @@ async def create_schedule(
         "state": (ScheduleState.PAUSED if spec.paused else ScheduleState.ACTIVE).value,
         "created_by": subject,
     }
-    async with db.write() as conn:
+
+    async def create_tx(conn: AsyncConnection) -> RowMapping:
         current = now or await fetch_now(conn, db.dialect)
         _check_at(values, current)
         values.update(_timing_values(schedule_id, values, current))
         return await sched_q.insert_schedule(conn, values)
+
+    return await db.write_retrying(create_tx, what="create schedule")
 
 
 def _check_at(values: dict[str, Any], now: datetime) -> None:
@@ -383,7 +386,8 @@ async def update_schedule(
             f"cannot change {sorted(unknown)}",
             errors=[{"path": k, "message": "not editable"} for k in sorted(unknown)],
         )
-    async with db.write() as conn:
+
+    async def update_tx(conn: AsyncConnection) -> RowMapping:
         row = await sched_q.get_schedule(conn, tenant_id, schedule_id, lock=True)
         merged: dict[str, Any] = dict(row)
         merged["input"] = json.loads(row["input"])
@@ -418,6 +422,8 @@ async def update_schedule(
             values["state"] = ScheduleState.ACTIVE.value
         return await sched_q.update_schedule(conn, schedule_id, values)
 
+    return await db.write_retrying(update_tx, what="update schedule")
+
 
 async def set_paused(
     db: Database,
@@ -437,7 +443,8 @@ async def set_paused(
         ScheduleNotFound: not this tenant's schedule (404).
         InvalidState: the schedule is completed (a fired one-off) (409).
     """
-    async with db.write() as conn:
+
+    async def pause_tx(conn: AsyncConnection) -> RowMapping:
         row = await sched_q.get_schedule(conn, tenant_id, schedule_id, lock=True)
         state = ScheduleState(row["state"])
         if state == ScheduleState.COMPLETED:
@@ -453,6 +460,8 @@ async def set_paused(
             current = now or await fetch_now(conn, db.dialect)
             values.update(_timing_values(schedule_id, dict(row), current))
         return await sched_q.update_schedule(conn, schedule_id, values)
+
+    return await db.write_retrying(pause_tx, what="pause schedule")
 
 
 # --- firing ------------------------------------------------------------------------------
@@ -704,7 +713,8 @@ async def trigger_now(
         ScheduleNotFound: not this tenant's schedule (404).
         InvalidState: the tick already fired (two triggers in the same microsecond) (409).
     """
-    async with db.write() as conn:
+
+    async def trigger_tx(conn: AsyncConnection) -> Fire:
         row = await sched_q.get_schedule(conn, tenant_id, schedule_id, lock=True)
         tick = now or await fetch_now(conn, db.dialect)
         fire = await fire_tick(
@@ -731,6 +741,8 @@ async def trigger_now(
         if values:
             await sched_q.update_schedule(conn, schedule_id, values)
         return fire
+
+    return await db.write_retrying(trigger_tx, what="trigger schedule")
 
 
 class Scheduler:

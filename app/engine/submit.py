@@ -207,7 +207,8 @@ class Submitter:
         """
         input_text, version = await self.prepare(request)
         access = await self.access(request.workflow, version)
-        async with self.db.write() as conn:
+
+        async def insert(conn: AsyncConnection) -> tuple[RowMapping, bool]:
             return await insert_prepared(
                 conn,
                 request,
@@ -218,6 +219,8 @@ class Submitter:
                 api_key_id=api_key_id,
                 access=access,
             )
+
+        return await self.db.write_retrying(insert, what="submit")
 
 
 async def insert_prepared(

@@ -17,6 +17,12 @@ Why no separate "attempt started" write on success: a crash inside the transacti
 the attempt back, so it leaves nothing to account for; one commit per transactional step.
 A failed attempt is recorded (started + failed) after the rollback, in its own fenced
 transaction, so the retry policy counts it like any step's.
+
+Why a deadlock or serialization failure re-runs the function at once, uncounted: the
+database rolled the whole transaction back, the function's writes included, so calling it
+again on a fresh session keeps them exactly once (up to ``TREADLE_DB_RETRY_ATTEMPTS``
+calls; :func:`app.db.faults.retry_conflicts`). The function must therefore do nothing but
+database work through its session.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 from app.core import json
 from app.core.errors import InvalidInput, PayloadTooLarge
 from app.core.status import RunReason, StepStatus
+from app.db.faults import retry_conflicts
 from app.db.queries import runs as runs_q
 from app.sdk.context import StepInfo, _current_step
 from app.sdk.errors import Permanent
@@ -94,7 +101,8 @@ async def attempt(
         workflow=ex.definition.name,
     )
     token = _current_step.set(info)
-    try:
+
+    async def once() -> str:
         async with ex.db.write() as conn:
             session = session_for(conn)
             try:
@@ -122,6 +130,16 @@ async def attempt(
                 detail=detail,
             )
             await ex.record_attempt_success(conn, step_id=step_id, attempt=attempt, output=text)
+        return text
+
+    try:
+        # A deadlock or serialization failure rolled fn's writes back with the rest, so
+        # running the whole transaction again keeps them exactly once. Any other database
+        # error (and a conflict past the retries) is a failed attempt under the step's
+        # RetryPolicy, like any error of fn: it may well be fn's own query at fault.
+        text = await retry_conflicts(
+            once, attempts=ex.settings.db_retry_attempts, what="transactional step"
+        )
     except _BadOutput as exc:
         await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
         await ex._finish_step_failed(

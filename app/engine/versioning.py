@@ -154,7 +154,8 @@ async def migrate_run(
             workflow=current["workflow"], input=json.loads(current["input"]), version=version
         )
     )
-    async with db.write() as conn:
+
+    async def migrate_tx(conn: AsyncConnection) -> RowMapping:
         run = await runs_q.lock_run(conn, tenant_id, run_id)
         _require_open(run)
         status = RunStatus(run["status"])
@@ -178,3 +179,5 @@ async def migrate_run(
         )
         await notify(conn)
         return row
+
+    return await db.write_retrying(migrate_tx, what="migrate run")

@@ -228,6 +228,7 @@ async def signal(
     outcome: dict[str, Any] = {}
 
     async def attempt(conn: AsyncConnection) -> None:
+        outcome.clear()  # a conflict re-runs the transaction: keep only the last run's
         if entry is None:
             await _record(
                 ex,
@@ -334,6 +335,7 @@ async def _await_decision(
     outcome: dict[str, Any] = {}
 
     async def attempt(conn: AsyncConnection) -> None:
+        outcome.clear()  # a conflict re-runs the transaction: keep only the last run's
         if entry is None:
             await _record(
                 ex,
@@ -523,6 +525,7 @@ async def _join_child(ex: RunExecution, *, step_id: str, child_id: uuid.UUID) ->
     outcome: dict[str, Any] = {}
 
     async def check(conn: AsyncConnection) -> None:
+        outcome.clear()  # a conflict re-runs the transaction: keep only the last run's
         row = await runs_q.get_run_any_tenant(conn, child_id)
         assert row is not None
         status = RunStatus(row["status"])

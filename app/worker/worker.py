@@ -22,12 +22,14 @@ import prometheus_client
 import structlog
 from sqlalchemy import RowMapping
 from sqlalchemy.engine import make_url
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json, metrics
-from app.core.errors import LeaseLost
+from app.core.errors import CheckpointFault, LeaseLost
 from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus
 from app.db.database import Database
+from app.db.faults import classify
 from app.db.migrations import check_schema
 from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
@@ -62,6 +64,7 @@ class WorkerStats:
     suspended: int = 0
     lease_lost: int = 0
     released: int = 0
+    db_faults: int = 0
 
 
 class Worker:
@@ -218,6 +221,8 @@ class Worker:
             self.stats.lease_lost += 1
             metrics.LEASE_LOSSES.inc()
             rlog.warning("lease lost; abandoning run")
+        except CheckpointFault as exc:
+            await self._give_back(row, fence, exc.fault, exc.__cause__, rlog)
         except asyncio.CancelledError:
             active = self._active.get(run_id)
             if active is not None and active.lost:
@@ -227,14 +232,46 @@ class Worker:
             # Fenced, so harmless if the lease is really gone; if we still hold it, the
             # run is claimable again at once instead of waiting for the lease to expire.
             await asyncio.shield(self._release(run_id, row["tenant_id"], fence))
-        except Exception:  # noqa: BLE001
-            # An engine bug must not kill the worker; the lease expires and another
-            # worker retries the run.
-            rlog.exception("execution crashed")
+        except Exception as exc:  # noqa: BLE001
+            fault = classify(exc)
+            if fault is not None:
+                # Loading the journal or writing the outcome met the same faults.
+                await self._give_back(row, fence, fault.value, exc, rlog)
+            else:
+                # An engine bug must not kill the worker; the lease expires and another
+                # worker retries the run.
+                rlog.exception("execution crashed")
         finally:
             self._active.pop(run_id, None)
             self._update_slots()
             self._wake.set()
+
+    async def _give_back(
+        self,
+        row: RowMapping,
+        fence: int,
+        fault: str,
+        cause: BaseException | None,
+        rlog: structlog.typing.FilteringBoundLogger,
+    ) -> None:
+        """Release a run whose execution met a transient database fault.
+
+        The fault is not the run's: nothing of the failed transaction was written, no
+        attempt is counted, and the run is claimable again after a short pause (by this
+        worker or another). If the release cannot be written either, the lease expires.
+        """
+        self.stats.db_faults += 1
+        metrics.DB_FAULTS.labels(fault).inc()
+        rlog.warning(
+            "database fault; giving the run back",
+            fault=fault,
+            error=str(cause)[:300] if cause is not None else None,
+        )
+        await asyncio.shield(
+            self._release(
+                row["run_id"], row["tenant_id"], fence, why=f"database {fault}", delay=1.0
+            )
+        )
 
     def _update_slots(self) -> None:
         metrics.WORKER_SLOTS.labels("busy").set(len(self._active))
@@ -243,7 +280,9 @@ class Worker:
     async def _finalize(self, row: RowMapping, fence: int, outcome: Outcome) -> None:
         run_id: uuid.UUID = row["run_id"]
         tenant_id: str = row["tenant_id"]
-        async with self.db.write() as conn:
+
+        async def write(conn: AsyncConnection) -> None:
+            # Re-run whole after a conflict: nothing outside the database changes in here.
             if isinstance(outcome, Completed):
                 await runs_q.finish_run(
                     conn,
@@ -257,8 +296,6 @@ class Worker:
                 await events_q.append(
                     conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_COMPLETED
                 )
-                metrics.RUNS_FINISHED.labels(row["workflow"], "completed", "succeeded").inc()
-                self.stats.completed += 1
             elif isinstance(outcome, Failed):
                 error = outcome.error or {}
                 error_text = None if outcome.error is None else json.dumps(outcome.error)
@@ -294,9 +331,6 @@ class Worker:
                         ),
                     },
                 )
-                metrics.RUNS_FINISHED.labels(
-                    row["workflow"], outcome.status.value, outcome.reason.value
-                ).inc()
                 if outcome.status == RunStatus.FAILED:
                     dl_id = await dl_q.insert_dead_letter(
                         conn,
@@ -313,7 +347,6 @@ class Worker:
                         kind=EventKind.DEAD_LETTER_WRITTEN,
                         data={"dead_letter_id": str(dl_id)},
                     )
-                self.stats.failed += 1
             elif isinstance(outcome, Suspended):
                 await runs_q.release_run(
                     conn,
@@ -342,7 +375,6 @@ class Worker:
                     if await check(conn):
                         await runs_q.make_due(conn, run_id=run_id)
                         break
-                self.stats.suspended += 1
             # A parent joined on this child waits for exactly this moment.
             if (
                 not isinstance(outcome, Suspended)
@@ -350,26 +382,53 @@ class Worker:
                 and await runs_q.make_due(conn, run_id=row["parent_run_id"])
             ):
                 await notify(conn)
-        if isinstance(outcome, Suspended) and outcome.delay is not None:
-            # Come back for our own timer when it is due rather than at the next poll.
-            asyncio.get_running_loop().call_later(max(outcome.delay, 0.0), self._wake.set)
 
-    async def _release(self, run_id: uuid.UUID, tenant_id: str, fence: int) -> None:
-        """Give a run back at once (drain): another worker may claim it immediately."""
+        await self.db.write_retrying(write, what="run outcome")
+        if isinstance(outcome, Completed):
+            metrics.RUNS_FINISHED.labels(row["workflow"], "completed", "succeeded").inc()
+            self.stats.completed += 1
+        elif isinstance(outcome, Failed):
+            metrics.RUNS_FINISHED.labels(
+                row["workflow"], outcome.status.value, outcome.reason.value
+            ).inc()
+            self.stats.failed += 1
+        else:
+            self.stats.suspended += 1
+            if outcome.delay is not None:
+                # Come back for our own timer when it is due rather than at the next poll.
+                asyncio.get_running_loop().call_later(max(outcome.delay, 0.0), self._wake.set)
+
+    async def _release(
+        self,
+        run_id: uuid.UUID,
+        tenant_id: str,
+        fence: int,
+        *,
+        why: str = "worker draining",
+        delay: float = 0.0,
+    ) -> None:
+        """Give a run back (drain: at once; after a database fault: after ``delay`` s).
+
+        Attempts it interrupted are not counted: another worker (or this one) may claim
+        the run when ``delay`` has passed.
+        """
+
+        async def release(conn: AsyncConnection) -> None:
+            # Fenced first: if the lease is gone this raises and nothing is touched.
+            await runs_q.release_run(
+                conn, run_id=run_id, fence=fence, status=RunStatus.QUEUED, delay=delay
+            )
+            await steps_q.reset_interrupted(conn, run_id)
+            await events_q.append(
+                conn,
+                run_id=run_id,
+                tenant_id=tenant_id,
+                kind=EventKind.RUN_RELEASED,
+                data={"status": RunStatus.QUEUED.value, "why": why},
+            )
+
         try:
-            async with self.db.write() as conn:
-                # Fenced first: if the lease is gone this raises and nothing is touched.
-                await runs_q.release_run(
-                    conn, run_id=run_id, fence=fence, status=RunStatus.QUEUED, delay=0.0
-                )
-                await steps_q.reset_interrupted(conn, run_id)
-                await events_q.append(
-                    conn,
-                    run_id=run_id,
-                    tenant_id=tenant_id,
-                    kind=EventKind.RUN_RELEASED,
-                    data={"status": RunStatus.QUEUED.value, "why": "worker draining"},
-                )
+            await self.db.write_retrying(release, what="release")
             self.stats.released += 1
         except LeaseLost:
             pass

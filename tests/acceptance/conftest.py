@@ -63,10 +63,10 @@ class Stack:
                 stderr=subprocess.STDOUT,
             )
 
-    def start_api(self) -> None:
+    def start_api(self, extra_env: dict[str, str] | None = None) -> None:
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
-        self.api = self._spawn(["serve", "--port", str(port)], "api")
+        self.api = self._spawn(["serve", "--port", str(port)], "api", extra_env)
 
         def ready() -> bool:
             assert self.api is not None

@@ -1,14 +1,24 @@
 """Schemathesis against the live API (real ``treadle serve`` + a real worker), from the spec.
 
 Every operation of ``openapi/openapi.json`` is fuzzed with a valid dev token (all scopes,
-the approver group), positive and negative data, the coverage, fuzzing and stateful
-phases. Path parameters, workflow names and signal names are drawn partly from real
-resources seeded first (completed, waiting, failed runs and their dead letters), so
-requests get past the 404s into the handlers' real logic. Bounded for CI: a fixed number
-of examples per operation, deterministic generation, one schemathesis worker.
+the approver group), positive and negative data, the examples, coverage, fuzzing and
+stateful phases. Requests get past the 404s into the handlers' real logic three ways:
+
+- path parameters, workflow names, signal names, crons and time zones are drawn partly
+  from real resources seeded first (runs in every state, dead letters, approvals,
+  schedules), each run-consuming operation from its own pool (``POOLS``);
+- the stateful phase follows the spec's OpenAPI links (``app/api/links.py``: ``POST
+  /runs`` -> ``/runs/{run_id}/…``, ``POST /schedules`` -> ``/schedules/{schedule_id}/…``)
+  and the links schemathesis infers, with ids taken from real responses;
+- ``fuzz_hooks.map_body`` lets a share of generated submissions through input validation.
+
+Bounded for CI: a fixed number of examples per operation, deterministic generation, one
+schemathesis worker (about a minute per database on a quiet machine).
 
 Checks: no 5xx, every response matches its documented status, schema, content type and
-headers. Run it by hand with more examples: ``TREADLE_FUZZ_EXAMPLES=200 uv run pytest
+headers; and depth: every operation answered 2xx at least once (counted from the API's
+``treadle_http_requests_total``; the table is printed, ``pytest -s`` shows it). Run it by
+hand with more examples: ``TREADLE_FUZZ_EXAMPLES=200 uv run pytest
 tests/acceptance/test_fuzz.py``.
 """
 
@@ -16,17 +26,21 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import uuid
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
 
 from app.auth.dev import DevTokens
 from app.auth.principal import ALL_SCOPES
+from tests.acceptance import fuzz_hooks
 from tests.acceptance.conftest import ROOT, Stack
 from tests.conftest import DEV_SECRET
 from tests.helpers import wait_for_sync
@@ -41,60 +55,152 @@ CHECKS = ",".join(
     ]
 )
 EXAMPLES = int(os.environ.get("TREADLE_FUZZ_EXAMPLES", "25"))
+STATEFUL_EXAMPLES = 4 * EXAMPLES
 
 
 def _seed(stack: Stack) -> dict[str, list[Any]]:
-    """Create runs in several states; return the identifiers the fuzzer may reuse."""
-    runs: list[str] = []
-    with stack.client() as c:
+    """Create resources in many states; return the identifiers the fuzzer may reuse.
 
-        def submit(workflow: str, input: dict[str, Any]) -> str:
-            r = c.post("/runs", json={"workflow": workflow, "input": input})
+    A successful call often uses its resource up (a run cancelled or migrated, an approval
+    decided, a dead letter requeued), so each such operation gets its own pool (see
+    :data:`POOLS`) and one operation cannot exhaust another's. Reads draw from all runs.
+    """
+    pools: dict[str, list[str]] = {name: [] for name in POOLS.values()}
+    with stack.client() as c:
+        wanted: dict[str, str] = {}
+
+        def submit(
+            pool: str, workflow: str, input: Any, state: str, version: str | None = None
+        ) -> None:
+            body = {"workflow": workflow, "input": input, "version": version}
+            r = c.post("/runs", json=body)
             assert r.status_code == 201, r.text
             run_id: str = r.json()["run_id"]
-            runs.append(run_id)
-            return run_id
+            pools.setdefault(pool, []).append(run_id)
+            wanted[run_id] = state
 
-        done = submit("acc-echo", {"value": {"a": [1, "two", None]}})
-        waiting = submit("acc-approve", {"name": "fuzz"})
-        failed = submit("acc-fail", {"name": "fuzz"})
-        submit("acc-sleep", {"seconds": 3600})
+        submit("runs", "acc-echo", {"value": {"a": [1, "two", None]}}, "completed")
+        for i in range(3):
+            name = {"name": f"fuzz-{i}"}
+            submit("approvable", "acc-approve", name, "waiting_approval")
+            submit("migratable", "acc-migrate", name, "waiting_approval", version="1")
+            submit("retryable", "acc-fail", name, "failed")
+            submit("requeueable", "acc-fail", name, "failed")
+            submit("cancellable", "acc-sleep", {"seconds": 3600}, "waiting_timer")
+            submit("resumable", "acc-sleep", {"seconds": 3600}, "waiting_timer")
 
-        def status(run_id: str, wanted: str) -> bool:
-            return bool(c.get(f"/runs/{run_id}").json()["status"] == wanted)
+        def settled() -> bool:
+            return all(
+                c.get(f"/runs/{run_id}").json()["status"] == state
+                for run_id, state in wanted.items()
+            )
 
-        wait_for_sync(lambda: status(done, "completed"), timeout=60, what="echo completed")
-        wait_for_sync(lambda: status(waiting, "waiting_approval"), timeout=60, what="approval")
-        wait_for_sync(lambda: status(failed, "failed"), timeout=60, what="failed run")
-        dead = [d["dead_letter_id"] for d in c.get("/dead-letters").json()["items"]]
-        assert dead, "the failed run left no dead letter"
-        steps = [s["step_id"] for s in c.get(f"/runs/{waiting}/steps").json()["items"]]
+        wait_for_sync(settled, timeout=60, what="seeded runs in their states")
+        letters = c.get("/dead-letters").json()["items"]
+        steps = {
+            s["step_id"]
+            for run_id in pools["approvable"]
+            for s in c.get(f"/runs/{run_id}/steps").json()["items"]
+        }
+        schedules = []
+        for title, timing in (
+            ("fuzz-cron", {"cron": "0 3 * * *"}),
+            ("fuzz-once", {"at": "2099-01-01T00:00:00Z"}),
+        ):
+            r = c.post(
+                "/schedules", json={"name": title, "workflow": "acc-echo", "input": {}, **timing}
+            )
+            assert r.status_code == 201, r.text
+            schedules.append(r.json()["schedule_id"])
     return {
-        "runs": runs,
-        "dead_letters": [str(d) for d in dead],
-        "steps": [*steps, "manager"],
+        **pools,
+        "runs": list(wanted),
+        "dead_letters": [
+            d["dead_letter_id"] for d in letters if d["run_id"] in pools["requeueable"]
+        ],
+        "steps": sorted(steps),
+        "schedules": schedules,
         "workflows": ["acc-echo", "acc-approve", "acc-fail", "acc-sleep", "acc-hold"],
         "signals": ["docs_uploaded"],
+        "crons": sorted(fuzz_hooks.VALID_CRONS),
+        "timezones": ["UTC", "Europe/Berlin", "America/New_York"],
+        "versions": ["2"],
     }
+
+
+# Parameters bound to seeded values 60 % of the time (the rest stays generated).
+BINDINGS = {
+    "path.run_id": "runs",
+    "path.dead_letter_id": "dead_letters",
+    "path.step_id": "steps",
+    "path.name": "signals",
+    "path.schedule_id": "schedules",
+    "body.workflow": "workflows",
+    "query.workflow": "workflows",
+    "body.cron": "crons",
+    "body.timezone": "timezones",
+}
+# Operations that use a run up draw run ids from their own pool of runs in the right state.
+POOLS = {
+    "cancel_run": "cancellable",
+    "decide_approval": "approvable",
+    "migrate_run": "migratable",
+    "retry_run": "retryable",
+    "resume_run": "resumable",
+    "requeue_dead_letter": "requeueable",
+}
 
 
 def _config(path: Path, seeds: dict[str, list[Any]]) -> None:
     """A ``schemathesis.toml`` binding parameters to the seeded values part of the time."""
-    lines = []
-    bindings = {
-        "path.run_id": "runs",
-        "path.dead_letter_id": "dead_letters",
-        "path.step_id": "steps",
-        "path.name": "signals",
-        "body.workflow": "workflows",
-        "query.workflow": "workflows",
-    }
-    for name, values in seeds.items():
-        lines.append(f"[dictionaries.{name}]\nvalues = {json.dumps(values)}\n")
+
+    def bind(dictionary: str) -> str:
+        return f'{{ dictionary = "{dictionary}", probability = 0.6 }}'
+
+    lines = [f"[dictionaries.{name}]\nvalues = {json.dumps(v)}\n" for name, v in seeds.items()]
     lines.append("[parameters]")
-    for key, dictionary in bindings.items():
-        lines.append(f'"{key}" = {{ dictionary = "{dictionary}", probability = 0.6 }}')
+    lines += [f'"{key}" = {bind(dictionary)}' for key, dictionary in BINDINGS.items()]
+    # The stateful phase chains calls along the spec's links (POST /runs -> /runs/{run_id}/…,
+    # POST /schedules -> /schedules/{schedule_id}/…): give it more scenarios than the rest.
+    lines.append(f"\n[phases.stateful]\ngeneration.max-examples = {STATEFUL_EXAMPLES}")
+    for operation, pool in POOLS.items():
+        overrides = {"path.run_id": pool}
+        if operation == "migrate_run":
+            # Only a migration takes the newer version (elsewhere "2" is unknown: 404).
+            overrides["body.version"] = "versions"
+        if operation == "requeue_dead_letter":
+            overrides = {"path.dead_letter_id": "dead_letters"}
+        params = ", ".join(f'"{k}" = {bind(v)}' for k, v in overrides.items())
+        lines.append(
+            f'\n[[operations]]\ninclude-operation-id = "{operation}"\nparameters = {{ {params} }}'
+        )
     path.write_text("\n".join(lines) + "\n")
+
+
+def _coverage(metrics_text: str, spec: dict[str, Any]) -> dict[str, Counter[str]]:
+    """Responses per operation (``METHOD /path``) and status, from the API's own metrics."""
+    found: dict[str, Counter[str]] = {
+        f"{m.upper()} {path}": Counter() for path, item in spec["paths"].items() for m in item
+    }
+    pattern = re.compile(
+        r'^treadle_http_requests_total\{method="(\w+)",route="([^"]+)",status="(\d+)"\} (\S+)$'
+    )
+    for line in metrics_text.splitlines():
+        match = pattern.match(line)
+        if match and f"{match[1]} {match[2]}" in found:
+            found[f"{match[1]} {match[2]}"][match[3]] += int(float(match[4]))
+    return found
+
+
+def _table(coverage: dict[str, Counter[str]]) -> str:
+    rows = [f"{'operation':48} {'calls':>6} {'2xx':>5} {'404':>5} {'4xx':>5} {'5xx':>4}"]
+    for op, counts in coverage.items():
+        by = {k: sum(v for s, v in counts.items() if s[0] == k) for k in "245"}
+        four = by["4"] - counts["404"]
+        rows.append(
+            f"{op:48} {sum(counts.values()):6} {by['2']:5} {counts['404']:5} {four:5} {by['5']:4}"
+        )
+    return "\n".join(rows)
 
 
 @pytest.mark.timeout(600)
@@ -148,6 +254,7 @@ def test_schemathesis_finds_no_failures(stack: Stack, tmp_path: Path) -> None:
         check=False,
     )
     output = result.stdout + result.stderr
+    (tmp_path / "schemathesis.txt").write_text(output)
     api_log = stack.logs[0].read_text()
     assert result.returncode == 0, output[-20000:] + "\n--- API log tail ---\n" + api_log[-5000:]
     # Every operation of the committed spec was fuzzed (none filtered out or unloadable).
@@ -156,6 +263,18 @@ def test_schemathesis_finds_no_failures(stack: Stack, tmp_path: Path) -> None:
     total = sum(1 for item in spec["paths"].values() for m in item if m in methods)
     assert f"{total} selected / {total} total" in output, output[-3000:]
     assert '"unhandled error"' not in api_log, api_log[-5000:]
+    # Depth: every operation got past validation and lookups into its real logic at least
+    # once (a 2xx), from the seeded ids and the ids that responses and links handed on.
+    coverage = _coverage(httpx.get(stack.url + "/metrics").text, spec)
+    table = _table(coverage)
+    (tmp_path / "coverage.txt").write_text(table + "\n")
+    print(f"\nschemathesis responses per operation ({stack.database_url.split(':')[0]}):")
+    print(table)
+    shallow = [op for op, counts in coverage.items() if not any(s[0] == "2" for s in counts)]
+    assert not shallow, f"operations never answered 2xx: {shallow}\n{table}"
+    # The stateful phase followed links (the spec's and those schemathesis inferred).
+    links = re.search(r"API Links:\s+(\d+) covered", output)
+    assert links is not None and int(links[1]) > 0, output[-3000:]
 
 
 def _raw_get(url: str, extra_header: bytes) -> bytes:

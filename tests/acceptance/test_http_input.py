@@ -253,7 +253,21 @@ SUBMIT_REFUSALS: list[tuple[str, bytes | dict[str, Any], int, str | None, str | 
     ("negative delay", {"workflow": "acc-echo", "delay": -1}, 422, "invalid_request", "body.delay"),
     (
         "unknown extra field",
-        {"workflow": "acc-echo", "input": {"value": 1}, "priority": 5},
+        {"workflow": "acc-echo", "input": {"value": 1}, "urgency": 5},
+        422,
+        "invalid_request",
+        "body.urgency",
+    ),
+    (
+        "priority out of range",
+        {"workflow": "acc-echo", "input": {"value": 1}, "priority": 101},
+        422,
+        "invalid_request",
+        "body.priority",
+    ),
+    (
+        "priority as a string",
+        {"workflow": "acc-echo", "input": {"value": 1}, "priority": "5"},
         422,
         "invalid_request",
         "body.priority",

@@ -27,6 +27,7 @@ from app.api.deps import (
     visible_run,
     wake_workers,
 )
+from app.api.links import RUN_LINKS
 from app.api.pagination import INT32_MAX, decode_token, encode_token, int_position
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
 from app.api.views import (
@@ -74,7 +75,12 @@ async def _load(db: DB, principal: Principal, run_id: str, tenant: str | None) -
     status_code=201,
     response_model=schemas.Run,
     responses={
-        200: {"model": schemas.Run, "description": "Identical idempotent retry: the same run"},
+        201: {"links": RUN_LINKS},
+        200: {
+            "model": schemas.Run,
+            "description": "Identical idempotent retry: the same run",
+            "links": RUN_LINKS,
+        },
         409: {
             "model": schemas.Problem,
             "description": "Idempotency key reused differently, or concurrency key busy",

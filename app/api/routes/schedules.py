@@ -8,10 +8,12 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Query, Request, Response
 from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api import schedule_schemas as ss
 from app.api import schemas
 from app.api.deps import DB, RunsRead, RunsWrite, SubmitterDep, wake_workers
+from app.api.links import SCHEDULE_LINKS
 from app.api.pagination import decode_token, encode_token
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
 from app.core import json
@@ -82,7 +84,7 @@ def fire_view(row: RowMapping) -> ss.ScheduleFire:
     operation_id="create_schedule",
     status_code=201,
     response_model=ss.Schedule,
-    responses={**_CONFLICT, **_PROBLEMS},
+    responses={201: {"links": SCHEDULE_LINKS}, **_CONFLICT, **_PROBLEMS},
 )
 async def create_schedule(
     body: ss.CreateScheduleRequest,
@@ -216,8 +218,12 @@ async def update_schedule(
 )
 async def delete_schedule(schedule_id: str, principal: RunsWrite, db: DB) -> Response:
     """Delete a schedule and its fire records. Runs it started are kept."""
-    async with db.write() as conn:
-        await sched_q.delete_schedule(conn, principal.tenant_id, parse_schedule_id(schedule_id))
+    sid = parse_schedule_id(schedule_id)
+
+    async def delete(conn: AsyncConnection) -> None:
+        await sched_q.delete_schedule(conn, principal.tenant_id, sid)
+
+    await db.write_retrying(delete, what="delete schedule")
     return Response(status_code=204)
 
 

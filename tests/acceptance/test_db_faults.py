@@ -1,0 +1,326 @@
+"""PostgreSQL faults against a real ``treadle serve`` (and worker): 503s, never 500s or hangs.
+
+PostgreSQL only (each test says so in its parametrization): the faults are PostgreSQL's
+own. A second connection takes ``LOCK TABLE runs IN ACCESS EXCLUSIVE MODE`` or row locks;
+the tests learn that a request is blocked from ``pg_stat_activity`` (``wait_event_type =
+'Lock'``), never by sleeping. Requests are real concurrent httpx requests.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+import pytest
+from sqlalchemy.engine import make_url
+
+from app.core.settings import Settings
+from app.db.database import Database
+from app.engine.registry import Registry
+from tests.acceptance.conftest import Stack, token
+from tests.conftest import DEV_SECRET
+from tests.helpers import wait_for, wait_for_sync
+
+PG_ONLY = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+AUTH = {"Authorization": f"Bearer {token()}"}
+
+
+def dsn(database_url: str) -> str:
+    return make_url(database_url).set(drivername="postgresql").render_as_string(False)
+
+
+@pytest.fixture
+def start_api(
+    database_url: str, tmp_path: Path, stack_env: dict[str, str]
+) -> Iterator[Callable[[dict[str, str]], Stack]]:
+    """Start ``treadle serve`` processes with extra ``TREADLE_*`` settings; stop them after."""
+    started: list[Stack] = []
+
+    def start(extra_env: dict[str, str]) -> Stack:
+        stack = Stack(database_url=database_url, tmp=tmp_path, env=stack_env)
+        started.append(stack)
+        stack.start_api(extra_env)
+        return stack
+
+    yield start
+    for stack in started:
+        stack.stop()
+
+
+async def register_handlers(database_url: str, tmp_path: Path) -> None:
+    """Register the acceptance workflows, as a worker would, without running one."""
+    db = Database(Settings(database_url=database_url, dev_secret=DEV_SECRET, data_dir=tmp_path))
+    try:
+        async with db.write() as conn:
+            await Registry.from_modules(["tests.acceptance.handlers"]).register(conn)
+    finally:
+        await db.dispose()
+
+
+@contextlib.asynccontextmanager
+async def runs_table_locked(database_url: str) -> AsyncIterator[None]:
+    """Hold ``ACCESS EXCLUSIVE`` on ``runs`` from a separate connection until exit."""
+    conn = await asyncpg.connect(dsn(database_url))
+    tx = conn.transaction()
+    await tx.start()
+    await conn.execute("LOCK TABLE runs IN ACCESS EXCLUSIVE MODE")
+    try:
+        yield
+    finally:
+        await tx.rollback()
+        await conn.close()
+
+
+async def lock_waiters(observer: Any) -> int:
+    """Sessions of this database (other than the observer) blocked on a lock right now."""
+    return int(
+        await observer.fetchval(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
+        )
+    )
+
+
+async def blocked(observer: Any, n: int) -> None:
+    async def enough() -> bool:
+        return await lock_waiters(observer) >= n
+
+    await wait_for(enough, timeout=30, what=f"{n} sessions blocked on the lock")
+
+
+def submission(key: str) -> dict[str, Any]:
+    return {"workflow": "acc-echo", "input": {"value": key}, "idempotency_key": key}
+
+
+def assert_503(response: httpx.Response, code: str) -> None:
+    assert response.status_code == 503, response.text
+    assert response.headers["content-type"] == "application/problem+json"
+    assert response.headers["retry-after"] == "2"
+    body = response.json()
+    assert (body["status"], body["code"]) == (503, code), body
+
+
+async def timed(call: Any) -> tuple[httpx.Response, float]:
+    started = time.monotonic()
+    response = await call
+    return response, time.monotonic() - started
+
+
+# --- pool exhaustion --------------------------------------------------------------------
+
+
+@PG_ONLY
+async def test_requests_beyond_the_pool_queue_for_a_connection(
+    database_url: str, tmp_path: Path, start_api: Callable[[dict[str, str]], Stack]
+) -> None:
+    """Requests beyond the pool wait for a connection, then all succeed.
+
+    Pool of 2, both connections held by requests blocked on a lock: further requests wait
+    for a connection (within TREADLE_DB_POOL_TIMEOUT_SECONDS) and then all succeed.
+    """
+    await register_handlers(database_url, tmp_path)
+    api = start_api({"TREADLE_DB_POOL_SIZE": "2", "TREADLE_DB_POOL_TIMEOUT_SECONDS": "60"})
+    observer = await asyncpg.connect(dsn(database_url))
+    sent: set[str] = set()
+
+    def trace(key: str) -> Any:
+        async def hook(event: str, _info: dict[str, Any]) -> None:
+            if event == "http11.send_request_body.complete":
+                sent.add(key)
+
+        return hook
+
+    try:
+        async with httpx.AsyncClient(base_url=api.url, headers=AUTH, timeout=90) as client:
+            async with runs_table_locked(database_url):
+                holders = [asyncio.create_task(client.get("/runs")) for _ in range(2)]
+                await blocked(observer, 2)  # both pooled connections wait on the lock
+                keys = [f"queued-{i}-{uuid.uuid4().hex[:6]}" for i in range(4)]
+                queued = [
+                    asyncio.create_task(
+                        client.post("/runs", json=submission(k), extensions={"trace": trace(k)})
+                    )
+                    for k in keys
+                ]
+
+                async def all_sent() -> bool:
+                    return sent == set(keys)
+
+                await wait_for(all_sent, timeout=30, what="queued requests sent")
+                assert not any(t.done() for t in [*holders, *queued])
+            responses = await asyncio.gather(*holders, *queued)
+        assert [r.status_code for r in responses] == [200, 200, 201, 201, 201, 201]
+        stored = await observer.fetchval(
+            "SELECT count(*) FROM runs WHERE idempotency_key = ANY($1::text[])", keys
+        )
+        assert stored == 4
+    finally:
+        await observer.close()
+
+
+@PG_ONLY
+async def test_pool_exhaustion_answers_503_in_bounded_time_and_loses_nothing(
+    database_url: str, tmp_path: Path, start_api: Callable[[dict[str, str]], Stack]
+) -> None:
+    """No connection within the pool timeout: 503 database_busy, in bounded time.
+
+    With Retry-After, never 500, never a hang; once the lock is released the blocked
+    requests finish, the refused ones succeed when retried, and each run exists once.
+    """
+    await register_handlers(database_url, tmp_path)
+    pool_timeout = 1.5
+    api = start_api(
+        {"TREADLE_DB_POOL_SIZE": "2", "TREADLE_DB_POOL_TIMEOUT_SECONDS": str(pool_timeout)}
+    )
+    observer = await asyncpg.connect(dsn(database_url))
+    keys = [f"busy-{i}-{uuid.uuid4().hex[:6]}" for i in range(5)]
+    try:
+        async with httpx.AsyncClient(base_url=api.url, headers=AUTH, timeout=90) as client:
+            async with runs_table_locked(database_url):
+                holders = [asyncio.create_task(client.get("/runs")) for _ in range(2)]
+                await blocked(observer, 2)
+                extra = await asyncio.gather(
+                    *(timed(client.post("/runs", json=submission(k))) for k in keys),
+                    timed(client.get("/runs")),
+                    timed(client.get(f"/runs/{uuid.uuid4()}")),
+                )
+                for response, elapsed in extra:
+                    assert_503(response, "database_busy")
+                    # Queued for the pool timeout, then refused: bounded, not a hang.
+                    assert pool_timeout * 0.9 <= elapsed < pool_timeout + 10, elapsed
+                assert not any(t.done() for t in holders)
+            assert [r.status_code for r in await asyncio.gather(*holders)] == [200, 200]
+            # Nothing of the refused submissions was stored: each retry creates its run.
+            retried = [await client.post("/runs", json=submission(k)) for k in keys]
+        assert [r.status_code for r in retried] == [201] * 5
+        rows = await observer.fetch(
+            "SELECT idempotency_key, run_id FROM runs WHERE idempotency_key = ANY($1::text[])",
+            keys,
+        )
+        assert {r["idempotency_key"]: str(r["run_id"]) for r in rows} == {
+            k: r.json()["run_id"] for k, r in zip(keys, retried, strict=True)
+        }
+        log = api.logs[-1].read_text()
+        assert '"unhandled error"' not in log, log[-3000:]
+    finally:
+        await observer.close()
+
+
+# --- statement timeout --------------------------------------------------------------------
+
+
+@PG_ONLY
+async def test_statement_timeout_is_503_and_the_worker_survives(
+    database_url: str, tmp_path: Path, start_api: Callable[[dict[str, str]], Stack]
+) -> None:
+    """A statement cancelled by statement_timeout: 503 in the API, a retry in the worker.
+
+    With ``runs`` locked, GET and POST /runs answer 503 database_timeout within the
+    statement timeout; a worker whose checkpoint is cancelled gives the run back and
+    finishes it once the lock is gone; the refused submission stored nothing.
+    """
+    timeout = {"TREADLE_DB_STATEMENT_TIMEOUT_SECONDS": "1"}
+    api = start_api(timeout)
+    worker = api.start_worker(extra_env=timeout)
+    worker_log = api.logs[-1]
+    shared = Path(api.env["TREADLE_TEST_DIR"])
+    key = f"late-{uuid.uuid4().hex[:6]}"
+    async with httpx.AsyncClient(base_url=api.url, headers=AUTH, timeout=60) as client:
+        held = await client.post("/runs", json={"workflow": "acc-hold", "input": {"name": "stmt"}})
+        assert held.status_code == 201, held.text
+        held_id = held.json()["run_id"]
+        wait_for_sync(
+            lambda: any(shared.glob("stmt.started.*")), timeout=30, what="held step started"
+        )
+        async with runs_table_locked(database_url):
+            (listed, t_list), (submitted, t_submit) = await asyncio.gather(
+                timed(client.get("/runs")), timed(client.post("/runs", json=submission(key)))
+            )
+            for response, elapsed in ((listed, t_list), (submitted, t_submit)):
+                assert_503(response, "database_timeout")
+                assert elapsed < 1 + 10, elapsed
+            # The step returns now; its checkpoint meets the lock and is cancelled.
+            (shared / "stmt.release").touch()
+            wait_for_sync(
+                lambda: '"database fault; giving the run back"' in worker_log.read_text(),
+                timeout=30,
+                what="the worker gave the run back",
+            )
+        assert (await client.get("/runs")).status_code == 200
+        retried = await client.post("/runs", json=submission(key))
+        assert retried.status_code == 201, retried.text  # the 503 stored nothing
+
+        async def finished(run_id: str) -> dict[str, Any] | None:
+            body: dict[str, Any] = (await client.get(f"/runs/{run_id}")).json()
+            return body if body["status"] in ("completed", "failed") else None
+
+        for run_id in (held_id, retried.json()["run_id"]):
+
+            async def done(r: str = run_id) -> dict[str, Any] | None:
+                return await finished(r)
+
+            run = await wait_for(done, timeout=60, what="run finished")
+            assert run["status"] == "completed", run
+    assert worker.poll() is None, "the worker died"
+    log = worker_log.read_text()
+    assert '"fault": "statement_timeout"' in log, log[-3000:]
+    assert "execution crashed" not in log, log[-3000:]
+
+
+# --- deadlock past the retries ------------------------------------------------------------
+
+
+@PG_ONLY
+async def test_a_deadlock_past_the_retries_is_503_not_500(
+    database_url: str, tmp_path: Path, start_api: Callable[[dict[str, str]], Stack]
+) -> None:
+    """A deadlock the retries did not clear is a 503 database_conflict.
+
+    ``TREADLE_DB_RETRY_ATTEMPTS=1``: a cancel that PostgreSQL aborts as a deadlock victim
+    answers 503 database_conflict with Retry-After, changes nothing, and the client's
+    retry succeeds.
+    """
+    api = start_api({"TREADLE_DB_RETRY_ATTEMPTS": "1"})
+    api.start_worker()
+    other = await asyncpg.connect(dsn(database_url))
+    async with httpx.AsyncClient(base_url=api.url, headers=AUTH, timeout=60) as client:
+        created = await client.post(
+            "/runs", json={"workflow": "acc-approve", "input": {"name": "deadlock"}}
+        )
+        run_id = created.json()["run_id"]
+
+        async def waiting() -> bool:
+            body = (await client.get(f"/runs/{run_id}")).json()
+            return bool(body["status"] == "waiting_approval")
+
+        await wait_for(waiting, timeout=60, what="run waiting for its approval")
+        try:
+            await other.execute("SET deadlock_timeout = '60s'")  # the API's cancel is the victim
+            tx = other.transaction()
+            await tx.start()
+            # The cancel locks the run row, then the waiting step's row: take them reversed.
+            await other.execute(
+                "SELECT 1 FROM steps WHERE run_id = $1 FOR UPDATE", uuid.UUID(run_id)
+            )
+            cancel = asyncio.create_task(
+                client.post(f"/runs/{run_id}/cancel", json={"reason": "test"})
+            )
+            await blocked(other, 1)
+            await other.execute(
+                "SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", uuid.UUID(run_id)
+            )
+            await tx.commit()
+        finally:
+            await other.close()
+        assert_503(await cancel, "database_conflict")
+        assert (await client.get(f"/runs/{run_id}")).json()["status"] == "waiting_approval"
+        again = await client.post(f"/runs/{run_id}/cancel", json={"reason": "test"})
+        assert (again.status_code, again.json()["status"]) == (200, "cancelled")
+    assert '"unhandled error"' not in api.logs[0].read_text()
