@@ -6,7 +6,7 @@ highest priority first and stops after its LIMIT, instead of sorting every due r
 (or workflow and concurrency key).
 
 Revision ID: 0010
-Revises: 0008
+Revises: 0009
 Create Date: 2026-11-30 02:30:00.000000
 """
 
@@ -18,7 +18,7 @@ from alembic import op
 from app.db.types import UtcDateTime
 
 revision: str = "0010"
-down_revision: str | None = "0008"
+down_revision: str | None = "0009"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

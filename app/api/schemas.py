@@ -138,12 +138,21 @@ class Run(BaseModel):
     error: Any | None
     idempotency_key: str | None
     concurrency_key: str | None
+    concurrency_slot: int | None = Field(
+        default=None,
+        description="Which of its concurrency key's `key_limit` slots (1..N) the run holds "
+        "while active; null without a key or while it waits for a slot (see "
+        "`blocked_reason`).",
+    )
     priority: int = Field(default=0, description="Claim priority chosen at submit (-100..100).")
     attempt: int = Field(description="How many times a worker has claimed the run.")
     lease_owner: str | None
     lease_expires_at: datetime | None
     waiting_on: WaitingOn | None
-    blocked_reason: str | None
+    blocked_reason: str | None = Field(
+        description="Why the run cannot start: it waits for a slot of its concurrency key "
+        "(`on_limit: queue`), or no live worker registered its version (detail view only)."
+    )
     step_counts: dict[str, int] | None = Field(
         default=None, description="Steps by status (detail view only)."
     )
@@ -343,6 +352,11 @@ class WorkflowVersion(BaseModel):
         default=0,
         description="Of those, runs a worker must pick up while no live worker registered "
         "this version (see blocked_reason on the run; POST /runs/{run_id}/migrate).",
+    )
+    queued_for_slot: int = Field(
+        default=0,
+        description="Of the open runs, those waiting for a slot of their concurrency key "
+        "(`on_limit: queue`); they start in submission order as active runs finish.",
     )
 
 

@@ -60,6 +60,7 @@ def run_view(
         error=json.loads(row["error"]),
         idempotency_key=row["idempotency_key"],
         concurrency_key=row["concurrency_key"],
+        concurrency_slot=row["concurrency_slot"],
         priority=row["priority"],
         attempt=row["attempt"],
         lease_owner=row["lease_owner"],

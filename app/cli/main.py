@@ -434,7 +434,10 @@ def runs_start(
     key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
     concurrency_key: Annotated[
         str | None,
-        typer.Option("--concurrency-key", help="One active run per key (a state machine's parent)"),
+        typer.Option(
+            "--concurrency-key",
+            help="At most key_limit active runs per key (a state machine's parent)",
+        ),
     ] = None,
     version: Annotated[str | None, typer.Option()] = None,
     url: URL = "http://127.0.0.1:8000",

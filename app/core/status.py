@@ -91,6 +91,8 @@ class EventKind(StrEnum):
     RUN_RESUMED = "run_resumed"
     CHILD_FINISHED = "child_finished"
     RUN_MIGRATED = "run_migrated"
+    # A run that waited for a slot of its concurrency key was given one (now claimable).
+    RUN_ADMITTED = "run_admitted"
 
 
 STATE_MACHINE_KIND = "state_machine"

@@ -36,10 +36,17 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
-# A run holds its concurrency key while it is not terminal (see TERMINAL_RUN_STATUSES).
-ACTIVE_CONCURRENCY_KEY_WHERE = (
-    "concurrency_key IS NOT NULL AND status NOT IN "
-    "('completed', 'failed', 'cancelled', 'compensated')"
+# The terminal run statuses (TERMINAL_RUN_STATUSES) as an SQL list, for index predicates.
+TERMINAL_STATUSES_SQL = "('completed', 'failed', 'cancelled', 'compensated')"
+# A run holds its concurrency slot while it is not terminal: the terminal write itself
+# frees the slot, whichever path makes it.
+ACTIVE_CONCURRENCY_SLOT_WHERE = (
+    f"concurrency_slot IS NOT NULL AND status NOT IN {TERMINAL_STATUSES_SQL}"
+)
+# A keyed run without a slot that is not terminal waits for one (on_limit="queue").
+WAITING_FOR_SLOT_WHERE = (
+    "concurrency_key IS NOT NULL AND concurrency_slot IS NULL "
+    f"AND status NOT IN {TERMINAL_STATUSES_SQL}"
 )
 
 workflow_definitions = Table(
@@ -90,6 +97,12 @@ runs = Table(
     Column("idempotency_key", String(255), nullable=True),
     Column("request_hash", String(64), nullable=True),
     Column("concurrency_key", String(255), nullable=True),
+    # Which of the key's ``key_limit`` slots (1..N) the run holds; NULL without a key, or
+    # while it waits for a slot (docs/adr/0008-queue-controls.md).
+    Column("concurrency_slot", Integer, nullable=True),
+    # A run waiting for a slot: the start time it asked for (submit + ``delay``), applied
+    # when a slot is granted; NULL otherwise.
+    Column("not_before", UtcDateTime, nullable=True),
     Column("priority", Integer, nullable=False, server_default=text("0")),
     # The fence (generation) is bumped by every claim and by cancel; every worker write
     # carries ``fence = :fence`` so a worker that lost its lease can never commit.
@@ -134,16 +147,27 @@ runs = Table(
         postgresql_where=text("finished_at IS NOT NULL"),
         sqlite_where=text("finished_at IS NOT NULL"),
     ),
-    # At most one active run per (tenant, workflow, concurrency key): admission is the
-    # insert itself, atomic on both databases, with no lock or pre-check to race.
+    # At most one active run per (tenant, workflow, concurrency key, slot), slots 1..N:
+    # however a writer decides, no two active runs ever hold one slot of a key.
     Index(
-        "uq_runs_active_concurrency_key",
+        "uq_runs_active_concurrency_slot",
         "tenant_id",
         "workflow",
         "concurrency_key",
+        "concurrency_slot",
         unique=True,
-        postgresql_where=text(ACTIVE_CONCURRENCY_KEY_WHERE),
-        sqlite_where=text(ACTIVE_CONCURRENCY_KEY_WHERE),
+        postgresql_where=text(ACTIVE_CONCURRENCY_SLOT_WHERE),
+        sqlite_where=text(ACTIVE_CONCURRENCY_SLOT_WHERE),
+    ),
+    # The runs waiting for a slot of a key, oldest (submission order) first.
+    Index(
+        "ix_runs_waiting_for_slot",
+        "tenant_id",
+        "workflow",
+        "concurrency_key",
+        "run_id",
+        postgresql_where=text(WAITING_FOR_SLOT_WHERE),
+        sqlite_where=text(WAITING_FOR_SLOT_WHERE),
     ),
     Index("ix_runs_tenant_id_status_run_id", "tenant_id", "status", "run_id"),
     Index("ix_runs_tenant_id_workflow_run_id", "tenant_id", "workflow", "run_id"),

@@ -6,7 +6,6 @@ import uuid
 from typing import Any
 
 from sqlalchemy import RowMapping, select, update
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
@@ -30,8 +29,9 @@ from app.db.queries import runs as runs_q
 from app.db.queries import signals as signals_q
 from app.db.queries import steps as steps_q
 from app.db.tables import dead_letters, runs, steps
-from app.engine.submit import notify
+from app.engine import slots
 from app.engine.waits import resolve_decisions
+from app.engine.wakeup import notify
 
 
 async def cancel(
@@ -102,8 +102,10 @@ async def _cancel_in(
         return run  # already being undone: cancelling again changes nothing
     if not status.is_terminal and await steps_q.has_compensations(conn, run_id):
         # Undo first: a worker claims the run, runs its compensations in reverse
-        # order, and only then is it ``cancelled``.
-        await runs_q.request_cancel(conn, run_id=run_id)
+        # order, and only then is it ``cancelled``. A run waiting for a concurrency slot
+        # (a requeued one with compensations) waits on, and undoes once admitted.
+        waits = run["concurrency_key"] is not None and run["concurrency_slot"] is None
+        await runs_q.request_cancel(conn, run_id=run_id, due=not waits)
         await steps_q.cancel_running(conn, run_id)
         await events_q.append(
             conn,
@@ -125,6 +127,9 @@ async def _cancel_in(
             actor=actor,
             data={"reason": reason},
         )
+        # The cancelled run's concurrency slot goes to the key's oldest waiter.
+        if await slots.release(conn, run):
+            await notify(conn)
     return await runs_q.get_run(conn, tenant_id, run_id)
 
 
@@ -367,7 +372,10 @@ async def requeue_dead_letter(
     Raises:
         DeadLetterNotFound: not this tenant's dead letter.
         InvalidState: already requeued, or the run is no longer failed (409).
-        ConcurrencyKeyBusy: a newer active run holds the run's concurrency key (409).
+        ConcurrencyKeyBusy: the run has a concurrency key whose ``key_limit`` runs are
+            active meanwhile and its workflow declares ``on_limit="reject"`` (409, nothing
+            changed). With ``on_limit="queue"`` the run waits for a slot instead: in
+            submission order, so ahead of runs submitted after it.
     """
 
     async def requeue_tx(conn: AsyncConnection) -> RowMapping:
@@ -398,34 +406,24 @@ async def requeue_dead_letter(
             )
         await _reopen_failed_steps(conn, run["run_id"])
         now = now_expr(conn.dialect.name)
-        try:
-            # A requeued run takes its concurrency key back: the savepoint turns a key
-            # now held by a newer run into a 409 instead of a broken transaction.
-            async with conn.begin_nested():
-                await conn.execute(
-                    update(runs)
-                    .where(runs.c.run_id == run["run_id"])
-                    .values(
-                        status=RunStatus.QUEUED.value,
-                        reason=None,
-                        error=None,
-                        output=None,
-                        finished_at=None,
-                        available_at=now,
-                        updated_at=now,
-                    )
-                )
-        except IntegrityError as exc:
-            if not runs_q.is_concurrency_key_violation(exc):
-                raise
-            key = run["concurrency_key"]
-            active = await runs_q.active_run_for_key(conn, tenant_id, run["workflow"], key)
-            raise ConcurrencyKeyBusy(
-                f"cannot requeue run {run['run_id']}: its concurrency key {key!r} is held "
-                f"by active run {active}",
-                active_run_id=None if active is None else str(active),
-                concurrency_key=key,
-            ) from None
+        slot, waiting = await _slot_for_requeue(conn, run)
+        # The run's old slot number is overwritten: another run may hold it by now.
+        await conn.execute(
+            update(runs)
+            .where(runs.c.run_id == run["run_id"])
+            .values(
+                status=RunStatus.QUEUED.value,
+                reason=None,
+                error=None,
+                output=None,
+                finished_at=None,
+                concurrency_slot=slot,
+                not_before=None,
+                blocked_reason=waiting,
+                available_at=None if waiting else now,
+                updated_at=now,
+            )
+        )
         await conn.execute(
             update(dead_letters)
             .where(dead_letters.c.dead_letter_id == dead_letter_id)
@@ -447,6 +445,7 @@ async def requeue_dead_letter(
                 "dead_letter_id": str(dead_letter_id),
                 "reason": reason,
                 "correlation_id": correlation_id,
+                **({} if run["concurrency_key"] is None else {"concurrency_slot": slot}),
             },
         )
         await notify(conn)
@@ -461,6 +460,39 @@ async def requeue_dead_letter(
         )
 
     return await db.write_retrying(requeue_tx, what="requeue")
+
+
+async def _slot_for_requeue(
+    conn: AsyncConnection, run: RowMapping
+) -> tuple[int | None, str | None]:
+    """The slot a requeued run takes back: ``(slot, None)`` or ``(None, blocked_reason)``.
+
+    Raises:
+        ConcurrencyKeyBusy: every slot is held and the version's ``on_limit`` is reject.
+    """
+    key = run["concurrency_key"]
+    if key is None:
+        return None, None
+    controls = await slots.controls_for(conn, run["workflow"], run["version"])
+    admission = await slots.acquire(
+        conn,
+        tenant_id=run["tenant_id"],
+        workflow=run["workflow"],
+        key=key,
+        limit=controls.key_limit,
+    )
+    if admission.slot is not None:
+        return admission.slot, None
+    if controls.on_limit == "queue":
+        return None, slots.waiting_reason(key, admission.limit)
+    active = admission.active_run_id
+    raise ConcurrencyKeyBusy(
+        f"cannot requeue run {run['run_id']}: its concurrency key {key!r} is busy (key_limit "
+        f"{admission.limit}): held by active run {active} (the oldest of its active runs)",
+        active_run_id=None if active is None else str(active),
+        concurrency_key=key,
+        key_limit=admission.limit,
+    )
 
 
 async def pending_dead_letter_id(

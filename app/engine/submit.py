@@ -9,11 +9,16 @@ from dataclasses import dataclass
 from typing import Any
 
 import jsonschema
-from sqlalchemy import RowMapping, text
+from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
-from app.core.errors import IdempotencyConflict, InvalidInput, WorkflowNotFound
+from app.core.errors import (
+    ConcurrencyKeyBusy,
+    IdempotencyConflict,
+    InvalidInput,
+    WorkflowNotFound,
+)
 from app.core.ids import new_run_id
 from app.core.settings import Settings
 from app.core.status import STATE_MACHINE_KIND, EventKind, RunStatus
@@ -21,9 +26,9 @@ from app.db.database import Database
 from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
+from app.engine import slots
+from app.engine.wakeup import notify
 from app.sdk.queue import QueueControls
-
-NOTIFY_CHANNEL = "treadle_runs"
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,7 +40,8 @@ class SubmitRequest:
         input: the JSON input (any JSON value; usually an object).
         version: pinned version, or None for the latest registered one.
         idempotency_key: retries with the same key return the same run.
-        concurrency_key: at most one active run of the workflow per key (per tenant).
+        concurrency_key: at most ``key_limit`` active runs of the workflow per key (per
+            tenant); beyond it refused or queued per the definition's ``on_limit``.
         delay: seconds before the run becomes claimable (DB time).
         priority: claim priority, -100..100 (higher first among due runs).
     """
@@ -203,10 +209,12 @@ class Submitter:
         Raises:
             WorkflowNotFound, InvalidInput, PayloadTooLarge: see :meth:`prepare`.
             IdempotencyConflict: the key was used for a different request (409).
-            ConcurrencyKeyBusy: another active run holds the concurrency key (409).
+            ConcurrencyKeyBusy: the concurrency key's ``key_limit`` runs are active and the
+                workflow declares ``on_limit="reject"`` (409). With ``on_limit="queue"`` the
+                run is created waiting for a slot instead (``blocked_reason`` says so).
         """
         input_text, version = await self.prepare(request)
-        access = await self.access(request.workflow, version)
+        definition = await self._definition(request.workflow, version)
 
         async def insert(conn: AsyncConnection) -> tuple[RowMapping, bool]:
             return await insert_prepared(
@@ -217,7 +225,8 @@ class Submitter:
                 tenant_id=tenant_id,
                 subject=subject,
                 api_key_id=api_key_id,
-                access=access,
+                access=definition.access,
+                queue=definition.queue,
             )
 
         return await self.db.write_retrying(insert, what="submit")
@@ -234,15 +243,55 @@ async def insert_prepared(
     parent_run_id: uuid.UUID | None = None,
     api_key_id: uuid.UUID | None = None,
     access: str = "tenant",
+    queue: QueueControls | None = None,
 ) -> tuple[RowMapping, bool]:
     """Insert a prepared run inside the caller's transaction (idempotency included).
+
+    A run with a concurrency key is admitted to one of the key's slots under the key's
+    lock (:func:`app.engine.slots.acquire`, ``queue`` = the definition's controls,
+    defaults if None). When none is free, ``on_limit="queue"`` inserts it waiting for one
+    (``queued``, not claimable, with a ``blocked_reason``); ``"reject"`` raises.
 
     Raises:
         IdempotencyConflict: the key was used for a different request (409), or by
             another subject for an owner-policy run (which must stay invisible to it).
-        ConcurrencyKeyBusy: another active run holds the concurrency key (409).
+        ConcurrencyKeyBusy: every slot of the concurrency key is held (or runs wait for
+            one) and ``on_limit`` is ``"reject"`` (409, ``active_run_id`` names the key's
+            oldest active run). An identical idempotent retry is answered first.
     """
     fingerprint = request.fingerprint()
+    controls = queue or QueueControls()
+    key = request.concurrency_key
+    slot: int | None = None
+    waiting: str | None = None
+    twin: RowMapping | None = None
+    if key is not None:
+        admission = await slots.acquire(
+            conn,
+            tenant_id=tenant_id,
+            workflow=request.workflow,
+            key=key,
+            limit=controls.key_limit,
+        )
+        slot = admission.slot
+        if slot is None and controls.on_limit == "queue":
+            waiting = slots.waiting_reason(key, admission.limit)
+        elif slot is None:
+            if request.idempotency_key is not None:
+                twin = await runs_q.get_by_idempotency_key(conn, tenant_id, request.idempotency_key)
+            if twin is None:
+                active = admission.active_run_id
+                raise ConcurrencyKeyBusy(
+                    f"concurrency key {key!r} of workflow {request.workflow!r} is busy "
+                    f"(key_limit {admission.limit}): held by active run {active} (the "
+                    "oldest of its active runs)",
+                    active_run_id=None if active is None else str(active),
+                    concurrency_key=key,
+                    key_limit=admission.limit,
+                )
+    if twin is not None:
+        # The busy key is held by this very request's run: an identical retry (200).
+        return await _replay(conn, request, fingerprint, tenant_id=tenant_id, subject=subject)
     row = await runs_q.insert_run(
         conn,
         {
@@ -261,23 +310,34 @@ async def insert_prepared(
             "parent_run_id": parent_run_id,
             "delay": request.delay,
             "priority": request.priority,
+            "concurrency_slot": slot,
+            "blocked_reason": waiting,
+        },
+        wait_for_slot=waiting is not None,
+    )
+    if row is None:
+        return await _replay(conn, request, fingerprint, tenant_id=tenant_id, subject=subject)
+    await events_q.append(
+        conn,
+        run_id=row["run_id"],
+        tenant_id=tenant_id,
+        kind=EventKind.RUN_SUBMITTED,
+        actor=subject,
+        data={
+            "workflow": request.workflow,
+            "version": version,
+            "parent_run_id": None if parent_run_id is None else str(parent_run_id),
+            **({} if key is None else {"concurrency_slot": slot}),
         },
     )
-    if row is not None:
-        await events_q.append(
-            conn,
-            run_id=row["run_id"],
-            tenant_id=tenant_id,
-            kind=EventKind.RUN_SUBMITTED,
-            actor=subject,
-            data={
-                "workflow": request.workflow,
-                "version": version,
-                "parent_run_id": None if parent_run_id is None else str(parent_run_id),
-            },
-        )
-        await notify(conn)
-        return row, True
+    await notify(conn)
+    return row, True
+
+
+async def _replay(
+    conn: AsyncConnection, request: SubmitRequest, fingerprint: str, *, tenant_id: str, subject: str
+) -> tuple[RowMapping, bool]:
+    # The idempotency key is taken: the same run for an identical request, else 409.
     assert request.idempotency_key is not None
     existing = await runs_q.get_by_idempotency_key(conn, tenant_id, request.idempotency_key)
     if existing is None:  # pragma: no cover - the conflicting row cannot vanish
@@ -295,9 +355,3 @@ async def insert_prepared(
             run_id=str(existing["run_id"]),
         )
     return existing, False
-
-
-async def notify(conn: AsyncConnection) -> None:
-    """Wake listening workers when this transaction commits (PostgreSQL NOTIFY)."""
-    if conn.dialect.name == "postgresql":
-        await conn.execute(text("SELECT pg_notify(:c, '')"), {"c": NOTIFY_CHANNEL})

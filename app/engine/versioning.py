@@ -26,7 +26,8 @@ from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
 from app.db.tables import runs
-from app.engine.submit import SubmitRequest, Submitter, _version_order, notify
+from app.engine.submit import SubmitRequest, Submitter, _version_order
+from app.engine.wakeup import notify
 
 
 @dataclass(frozen=True, slots=True)

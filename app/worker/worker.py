@@ -36,12 +36,14 @@ from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
+from app.engine import slots
 from app.engine.claims import Claimer
 from app.engine.executor import Completed, Failed, Outcome, RunExecution, Suspended
 from app.engine.registry import Registry
 from app.engine.schedules import Scheduler
-from app.engine.submit import NOTIFY_CHANNEL, Submitter, notify
+from app.engine.submit import Submitter
 from app.engine.tenants import attempt_refusal
+from app.engine.wakeup import NOTIFY_CHANNEL, notify
 
 log = structlog.get_logger("treadle.worker")
 
@@ -142,7 +144,10 @@ class Worker:
         self.log.info(
             "worker started", definitions=len(self.registry), concurrency=self.concurrency
         )
-        helpers = [asyncio.create_task(self._heartbeat_loop())]
+        helpers = [
+            asyncio.create_task(self._heartbeat_loop()),
+            asyncio.create_task(self._slot_sweep_loop()),
+        ]
         if self.db.dialect == "postgresql":
             helpers.append(asyncio.create_task(self._listen_loop()))
         if self.settings.scheduler_enabled:
@@ -375,6 +380,10 @@ class Worker:
                     if await check(conn):
                         await runs_q.make_due(conn, run_id=run_id)
                         break
+            # The run's concurrency slot goes to its key's oldest waiter, in this same
+            # transaction (app/engine/slots.py).
+            if not isinstance(outcome, Suspended) and await slots.release(conn, row):
+                await notify(conn)
             # A parent joined on this child waits for exactly this moment.
             if (
                 not isinstance(outcome, Suspended)
@@ -466,6 +475,21 @@ class Worker:
                 active = self._active.get(run_id)
                 if active is not None and active.fence == fence and held.get(run_id) != fence:
                     self._lose(active)
+
+    async def _slot_sweep_loop(self) -> None:
+        """Once per lease TTL: admit runs left waiting behind a free concurrency slot.
+
+        Every path that frees a slot admits the next waiter in its own transaction; this
+        is the safety net (app/engine/slots.py ``sweep``), a read that finds nothing to do
+        in normal operation.
+        """
+        while True:
+            await asyncio.sleep(self.settings.lease_ttl_seconds)
+            try:
+                if await slots.sweep(self.db):
+                    self._wake.set()
+            except Exception as exc:  # noqa: BLE001 - DB down: try again next time
+                self.log.warning("slot sweep failed", error=str(exc)[:300])
 
     def _lose(self, active: _Active) -> None:
         if active.finalizing or active.task.done():

@@ -120,3 +120,9 @@ def refuse(name: str) -> str:
 async def fail_flow(ctx: WorkflowContext, job: Job) -> str:
     """One step that fails permanently (dead letters for the fuzzer to requeue)."""
     return await ctx.step(refuse, job.name)
+
+
+@workflow("acc-slots", key_limit=2, on_limit="queue")
+async def slots_flow(ctx: WorkflowContext, job: Job) -> str:
+    """Two runs per concurrency key at once, the rest wait in order; one held step."""
+    return await ctx.step(hold, job.name, retry=RetryPolicy(max_attempts=1))

@@ -18,7 +18,7 @@ from sqlalchemy import func, select
 from app.core.settings import Settings
 from app.core.status import TERMINAL_RUN_STATUSES
 from app.db.database import Database
-from app.db.tables import ACTIVE_CONCURRENCY_KEY_WHERE, runs
+from app.db.tables import ACTIVE_CONCURRENCY_SLOT_WHERE, WAITING_FOR_SLOT_WHERE, runs
 from app.engine.registry import Registry
 from app.sdk import Permanent, WorkflowContext, workflow
 from tests.integration.support import api_client, reach, workers
@@ -51,9 +51,10 @@ async def keyed_other(ctx: WorkflowContext, doc: Doc) -> int:
 REGISTRY = Registry([keyed, keyed_other])
 
 
-def test_index_predicate_names_every_terminal_status() -> None:
+def test_index_predicates_name_every_terminal_status() -> None:
     for status in TERMINAL_RUN_STATUSES:
-        assert f"'{status.value}'" in ACTIVE_CONCURRENCY_KEY_WHERE
+        assert f"'{status.value}'" in ACTIVE_CONCURRENCY_SLOT_WHERE
+        assert f"'{status.value}'" in WAITING_FOR_SLOT_WHERE
 
 
 async def _active(db: Database, key: str) -> int:
@@ -85,6 +86,7 @@ async def test_one_active_run_per_key(settings: Settings, db: Database) -> None:
             problem = r.json()
             assert problem["code"] == "concurrency_key_busy", problem
             assert problem["active_run_id"] == first["run_id"], problem
+            assert (problem["concurrency_key"], problem["key_limit"]) == ("doc-1", 1), problem
             assert first["run_id"] in problem["detail"]
         assert await _active(db, "doc-1") == 1
 
@@ -145,7 +147,9 @@ async def test_requeue_refuses_a_taken_key(settings: Settings, db: Database) -> 
         assert holder2.status_code == 201, holder2.text
         retry = await client.post(f"/runs/{dead['run_id']}/retry", json={"reason": "again"})
         assert retry.status_code == 409, retry.text
+        assert retry.headers["content-type"] == "application/problem+json"
         assert retry.json()["code"] == "concurrency_key_busy"
         assert retry.json()["active_run_id"] == holder2.json()["run_id"]
+        assert (retry.json()["concurrency_key"], retry.json()["key_limit"]) == ("doc-9", 1)
         stored = (await client.get(f"/runs/{dead['run_id']}")).json()
         assert stored["status"] == "failed"

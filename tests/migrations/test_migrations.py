@@ -2,21 +2,25 @@
 
 from __future__ import annotations
 
+import asyncio
 import os
 import subprocess
 import sys
+import uuid
+from datetime import UTC, datetime
 from pathlib import Path
 
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import text
+from sqlalchemy import insert, select, text, update
 
+from alembic import command
 from app.core.errors import SchemaVersionMismatch
 from app.core.settings import Settings
 from app.db.database import Database
-from app.db.migrations import check_schema, head_revision
-from app.db.tables import metadata
+from app.db.migrations import alembic_config, check_schema, head_revision
+from app.db.tables import metadata, runs
 from tests.conftest import DEV_SECRET, _pg_admin, pg_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -132,3 +136,58 @@ def test_serve_refuses_unmigrated_database(tmp_path: Path) -> None:
     assert proc.returncode == 2, proc.stderr
     assert b"refusing to start" in proc.stderr
     assert (tmp_path / "treadle.db").exists()
+
+
+async def test_0009_gives_active_keyed_runs_slot_one(database_url: str) -> None:
+    """Upgrading 0008 → 0009 gives every active keyed run slot 1; downgrade guards data."""
+    cfg = alembic_config(database_url)
+    await asyncio.to_thread(command.downgrade, cfg, "0008")
+    db = Database(Settings(database_url=database_url, dev_secret=DEV_SECRET))
+    ids = {name: uuid.uuid4() for name in ("active", "finished", "unkeyed", "second")}
+
+    def values(name: str, status: str, key: str | None) -> dict[str, object]:
+        now = datetime.now(UTC)
+        return {
+            "run_id": ids[name],
+            "tenant_id": "t",
+            "workflow": "w",
+            "version": "1",
+            "status": status,
+            "input": "{}",
+            "concurrency_key": key,
+            "created_by": "s",
+            "created_at": now,
+            "updated_at": now,
+        }
+
+    try:
+        async with db.write() as conn:
+            for name, status, key in [
+                ("active", "waiting_timer", "k"),
+                ("finished", "completed", "k"),
+                ("unkeyed", "queued", None),
+            ]:
+                await conn.execute(insert(runs).values(values(name, status, key)))
+        await asyncio.to_thread(command.upgrade, cfg, "head")
+        async with db.read() as conn:
+            rows = (await conn.execute(select(runs.c.run_id, runs.c.concurrency_slot))).all()
+        slots = {run_id: slot for run_id, slot in rows}
+        assert slots == {ids["active"]: 1, ids["finished"]: None, ids["unkeyed"]: None}
+
+        # Two active runs of one key cannot go back to "one active run per key".
+        async with db.write() as conn:
+            await conn.execute(insert(runs).values(values("second", "queued", "k")))
+            await conn.execute(
+                update(runs).where(runs.c.run_id == ids["second"]).values(concurrency_slot=2)
+            )
+        with pytest.raises(RuntimeError, match="1 concurrency keys have more than one active"):
+            await asyncio.to_thread(command.downgrade, cfg, "0008")
+        async with db.write() as conn:
+            await conn.execute(
+                update(runs).where(runs.c.run_id == ids["second"]).values(status="cancelled")
+            )
+        await asyncio.to_thread(command.downgrade, cfg, "0008")
+        await asyncio.to_thread(command.upgrade, cfg, "head")
+        await check_schema(db)
+    finally:
+        await db.dispose()

@@ -109,11 +109,15 @@ async def submit_run(
 
     Returns 201 with a ``Location`` header for a new run, or 200 with the same run for a
     retry carrying the same idempotency key (body field or ``Idempotency-Key`` header) and
-    an identical request. Errors: 404 unknown workflow or version; 422 input invalid for
-    the registered schema (with field paths); 409 key reused for a different request,
-    or ``concurrency_key`` held by another active run of the workflow (``code``
-    ``concurrency_key_busy``, ``active_run_id`` names it); 413 input over
-    ``TREADLE_MAX_PAYLOAD_BYTES``.
+    an identical request. A run beyond its ``concurrency_key``'s ``key_limit`` of a
+    workflow declaring ``on_limit="queue"`` is created (201) ``queued`` without a
+    ``concurrency_slot``, its ``blocked_reason`` saying it waits for a slot; it starts in
+    submission order as the key's active runs finish. Errors: 404 unknown workflow or
+    version; 422 input invalid for the registered schema (with field paths); 409 key
+    reused for a different request, or, with ``on_limit="reject"``, the
+    ``concurrency_key``'s ``key_limit`` runs are active (``code``
+    ``concurrency_key_busy``, ``active_run_id`` names the oldest, ``key_limit``); 413
+    input over ``TREADLE_MAX_PAYLOAD_BYTES``.
     """
     key = body.idempotency_key
     if idempotency_key_header is not None:

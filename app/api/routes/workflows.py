@@ -10,6 +10,7 @@ from app.api.problems import PROBLEM_RESPONSES
 from app.core import json
 from app.db.queries import definitions as defs_q
 from app.db.queries import runs as runs_q
+from app.db.queries import slots as slots_q
 from app.sdk.queue import QueueControls
 
 router = APIRouter(prefix="/workflows", tags=["workflows"])
@@ -28,8 +29,9 @@ async def list_workflows(
 
     A worker is live if it heartbeated within two lease TTLs and has not stopped. Per
     version, ``open_runs`` counts the caller's runs not yet finished (so an old version
-    can be retired once it reaches 0) and ``blocked_runs`` those among them that need a
-    worker while no live worker registered the version.
+    can be retired once it reaches 0), ``blocked_runs`` those among them that need a
+    worker while no live worker registered the version, and ``queued_for_slot`` those
+    waiting for a slot of their concurrency key (``queue_controls.on_limit`` = queue).
     """
     async with db.read() as conn:
         rows = await defs_q.list_definitions(conn)
@@ -38,6 +40,7 @@ async def list_workflows(
         claimable = await runs_q.count_open_by_version(
             conn, tenant_id=principal.tenant_id, claimable_only=True
         )
+        waiting = await slots_q.count_waiting_by_version(conn, tenant_id=principal.tenant_id)
     runs_by_key: dict[str, list[str]] = {}
     for w in workers:
         for key in json.loads(w["definitions"]):
@@ -62,6 +65,7 @@ async def list_workflows(
                 blocked_runs=0
                 if f"{r['name']}@{r['version']}" in runs_by_key
                 else claimable.get((r["name"], r["version"]), 0),
+                queued_for_slot=waiting.get((r["name"], r["version"]), 0),
             )
         )
     return schemas.WorkflowList(

@@ -75,12 +75,17 @@ def _dialect(conn: AsyncConnection) -> str:
     return conn.dialect.name
 
 
-async def insert_run(conn: AsyncConnection, values: dict[str, Any]) -> RowMapping | None:
+async def insert_run(
+    conn: AsyncConnection, values: dict[str, Any], *, wait_for_slot: bool = False
+) -> RowMapping | None:
     """Insert a run unless ``(tenant_id, idempotency_key)`` already exists.
 
-    ``created_at``/``updated_at``/``available_at`` are set from the database clock. A run
-    with a ``concurrency_key`` is admitted by the insert itself: the partial unique index
-    ``uq_runs_active_concurrency_key`` lets at most one non-terminal run hold a key.
+    ``created_at``/``updated_at``/``available_at`` are set from the database clock
+    (``available_at`` = now + ``values["delay"]`` seconds, if given). A keyed run comes
+    with the ``concurrency_slot`` its caller chose under the key's lock
+    (app/engine/slots.py); the unique index ``uq_runs_active_concurrency_slot`` refuses a
+    slot another active run holds. ``wait_for_slot``: the run waits for a slot instead
+    (no slot, ``available_at`` NULL, the requested start kept in ``not_before``).
 
     Returns:
         The inserted row, or None when an idempotency-key twin exists (the caller then
@@ -88,16 +93,18 @@ async def insert_run(conn: AsyncConnection, values: dict[str, Any]) -> RowMappin
         concurrent identical submissions never raise.
 
     Raises:
-        ConcurrencyKeyBusy: another active run of the workflow holds the concurrency key
-            (``active_run_id`` names it).
+        ConcurrencyKeyBusy: the slot is held by another active run: only a writer that
+            decided without the key's lock can cause this.
     """
     dialect = _dialect(conn)
     now = now_expr(dialect)
     row = {**values, "created_at": now, "updated_at": now, "available_at": now}
-    if "delay" in row:
-        delay = row.pop("delay")
-        if delay:
-            row["available_at"] = now_plus(dialect, float(delay))
+    delay = row.pop("delay", None)
+    start = now_plus(dialect, float(delay)) if delay else now
+    if wait_for_slot:
+        row.update(available_at=None, concurrency_slot=None, not_before=start if delay else None)
+    else:
+        row["available_at"] = start
     stmt: Any
     if dialect == "postgresql":
         stmt = postgresql.insert(runs).values(row)
@@ -106,59 +113,32 @@ async def insert_run(conn: AsyncConnection, values: dict[str, Any]) -> RowMappin
     stmt = stmt.on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"]).returning(
         *runs.c
     )
-    key = values.get("concurrency_key")
-    if key is None:
+    if row.get("concurrency_slot") is None:
         return (await conn.execute(stmt)).mappings().first()
-    # The key index is not the ON CONFLICT arbiter, so a busy key raises; the savepoint
+    # The slot index is not the ON CONFLICT arbiter, so a taken slot raises; the savepoint
     # keeps the caller's transaction usable (PostgreSQL aborts it on any error otherwise).
-    # A run that held the key may finish between the failed insert and our look-up, so
-    # try again a few times before giving up with a generic conflict.
-    for _ in range(3):
-        try:
-            async with conn.begin_nested():
-                return (await conn.execute(stmt)).mappings().first()
-        except IntegrityError as exc:
-            if not is_concurrency_key_violation(exc):
-                raise
-        idem = values.get("idempotency_key")
-        if idem is not None and await get_by_idempotency_key(conn, values["tenant_id"], idem):
-            return None  # an identical submission won the race: the caller replays it
-        active = await active_run_for_key(conn, values["tenant_id"], values["workflow"], key)
-        if active is not None:
-            raise ConcurrencyKeyBusy(
-                f"concurrency key {key!r} of workflow {values['workflow']!r} is held by "
-                f"active run {active}",
-                active_run_id=str(active),
-                concurrency_key=key,
-            )
-    raise ConcurrencyKeyBusy(  # pragma: no cover - needs three finish/submit races in a row
-        f"concurrency key {key!r} is busy; retry the request", concurrency_key=key
+    try:
+        async with conn.begin_nested():
+            return (await conn.execute(stmt)).mappings().first()
+    except IntegrityError as exc:
+        if not is_concurrency_key_violation(exc):
+            raise
+    key = values["concurrency_key"]
+    raise ConcurrencyKeyBusy(
+        f"concurrency key {key!r} of workflow {values['workflow']!r} is busy; retry the request",
+        concurrency_key=key,
     )
 
 
 def is_concurrency_key_violation(exc: IntegrityError) -> bool:
-    """True when ``exc`` is a violation of the active-concurrency-key index.
+    """True when ``exc`` violates the active-slot index ``uq_runs_active_concurrency_slot``.
 
     PostgreSQL names the index in the message; SQLite names its columns instead.
     """
     message = str(exc.orig)
-    return "uq_runs_active_concurrency_key" in message or (
-        "runs.tenant_id, runs.workflow, runs.concurrency_key" in message
+    return "uq_runs_active_concurrency_slot" in message or (
+        "runs.concurrency_key, runs.concurrency_slot" in message
     )
-
-
-async def active_run_for_key(
-    conn: AsyncConnection, tenant_id: str, workflow: str, key: str
-) -> uuid.UUID | None:
-    """The tenant's non-terminal run of ``workflow`` holding concurrency ``key``, if any."""
-    stmt = select(runs.c.run_id).where(
-        runs.c.tenant_id == tenant_id,
-        runs.c.workflow == workflow,
-        runs.c.concurrency_key == key,
-        ~terminal_filter(),
-    )
-    found = (await conn.execute(stmt)).scalar()
-    return None if found is None else uuid.UUID(str(found))
 
 
 async def get_by_idempotency_key(
@@ -655,11 +635,12 @@ async def set_leased_status(
         raise LeaseLost(run_id)
 
 
-async def request_cancel(conn: AsyncConnection, *, run_id: uuid.UUID) -> None:
+async def request_cancel(conn: AsyncConnection, *, run_id: uuid.UUID, due: bool = True) -> None:
     """Move a live run to ``cancelling``: fence advanced, due now.
 
     A worker then claims it to run its compensations (DESIGN §1: cancel triggers
-    compensation).
+    compensation). ``due=False`` (a run waiting for a concurrency slot): it stays
+    unclaimable until a slot is granted to it.
     """
     now = now_expr(_dialect(conn))
     await conn.execute(
@@ -670,7 +651,7 @@ async def request_cancel(conn: AsyncConnection, *, run_id: uuid.UUID) -> None:
             fence=runs.c.fence + 1,
             lease_owner=None,
             lease_expires_at=None,
-            available_at=now,
+            available_at=now if due else None,
             waiting_kind=None,
             waiting_name=None,
             waiting_deadline=None,
@@ -763,15 +744,17 @@ def terminal_filter() -> Any:
 async def set_version(conn: AsyncConnection, *, run_id: uuid.UUID, version: str) -> RowMapping:
     """Re-pin a run to another definition version (``POST /runs/{id}/migrate``).
 
-    The fence advances, so a worker still holding an old lease can never commit again.
+    The fence advances, so a worker still holding an old lease can never commit again. A
+    run waiting for a concurrency slot keeps waiting (and its ``blocked_reason``).
     """
+    waits = and_(runs.c.concurrency_key.is_not(None), runs.c.concurrency_slot.is_(None))
     stmt = (
         update(runs)
         .where(runs.c.run_id == run_id)
         .values(
             version=version,
             fence=runs.c.fence + 1,
-            blocked_reason=None,
+            blocked_reason=case((waits, runs.c.blocked_reason), else_=None),
             updated_at=now_expr(_dialect(conn)),
         )
         .returning(*runs.c)

@@ -92,6 +92,8 @@ class RunSnapshot:
         waiting_kind: ``timer``, ``retry``, ``signal``, ``approval`` or ``child`` while
             the run waits; ``waiting_deadline`` is when the wait is due or times out
             (virtual database time).
+        concurrency_slot: the slot of its concurrency key the run holds (1..key_limit),
+            None without a key or while it waits for one (``blocked_reason`` says so).
     """
 
     run_id: uuid.UUID
@@ -107,6 +109,8 @@ class RunSnapshot:
     attempt: int
     created_at: datetime
     finished_at: datetime | None
+    concurrency_slot: int | None
+    blocked_reason: str | None
 
 
 @dataclass(frozen=True, slots=True)
@@ -154,16 +158,21 @@ class RunNotCompleted(Exception):
 class RunBlocked(Exception):
     """The run cannot make progress by time alone.
 
-    It waits for a signal, an approval without a timeout, or a child of a workflow the
-    environment does not run; ``snapshot`` says which.
+    It waits for a signal, an approval without a timeout, a child of a workflow the
+    environment does not run, or a slot of its concurrency key held by a run that cannot
+    finish by time alone; ``snapshot`` says which.
     """
 
     def __init__(self, snapshot: RunSnapshot) -> None:
-        super().__init__(
-            f"run {snapshot.run_id} is {snapshot.status.value}, waiting on "
-            f"{snapshot.waiting_kind} {snapshot.waiting_name!r} with nothing due: "
-            "send it with env.signal / env.approve first"
-        )
+        if snapshot.blocked_reason:
+            message = f"run {snapshot.run_id} is {snapshot.blocked_reason}, with nothing due"
+        else:
+            message = (
+                f"run {snapshot.run_id} is {snapshot.status.value}, waiting on "
+                f"{snapshot.waiting_kind} {snapshot.waiting_name!r} with nothing due: "
+                "send it with env.signal / env.approve first"
+            )
+        super().__init__(message)
         self.snapshot = snapshot
 
 
@@ -186,6 +195,8 @@ def _snapshot(row: Any) -> RunSnapshot:
         attempt=int(row["attempt"]),
         created_at=row["created_at"],
         finished_at=row["finished_at"],
+        concurrency_slot=row["concurrency_slot"],
+        blocked_reason=row["blocked_reason"],
     )
 
 
