@@ -9,7 +9,7 @@ import sys
 from collections.abc import Awaitable, Callable, Coroutine
 from enum import StrEnum
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 from urllib.parse import quote
 
 import httpx
@@ -21,7 +21,10 @@ from app.cli.tenants import tenants_app
 from app.core.settings import AuthMode, Settings, format_settings_error
 
 if TYPE_CHECKING:
+    from app.db.database import Database
     from app.engine.api_keys import ApiKeyService
+
+S = TypeVar("S")
 
 app = typer.Typer(help="Treadle: durable workflows as a service.", no_args_is_help=True)
 runs_app = typer.Typer(help="Operate on runs through the HTTP API.", no_args_is_help=True)
@@ -238,11 +241,14 @@ def token(
 TENANT = Annotated[str, typer.Option("--tenant", help="Tenant id")]
 
 
-def _keys_run(work: Callable[[ApiKeyService], Awaitable[None]]) -> None:
-    """Open the database (schema at head), run ``work(service)``, report domain errors."""
+def run_on_database(make: Callable[[Database], S], work: Callable[[S], Awaitable[None]]) -> None:
+    """Open the database (schema at head), run ``work(make(db))``, report domain errors.
+
+    For the commands that act on the database directly (``api-keys``, ``tenants``): a
+    :class:`app.core.errors.TreadleError` is printed as one line and exits 1.
+    """
     from app.core.errors import TreadleError
     from app.db.database import Database
-    from app.engine.api_keys import ApiKeyService
 
     settings = load_settings()
 
@@ -250,7 +256,7 @@ def _keys_run(work: Callable[[ApiKeyService], Awaitable[None]]) -> None:
         await _require_schema(settings)
         db = Database(settings)
         try:
-            await work(ApiKeyService(db))
+            await work(make(db))
         finally:
             await db.dispose()
 
@@ -258,6 +264,12 @@ def _keys_run(work: Callable[[ApiKeyService], Awaitable[None]]) -> None:
         _run(main())
     except TreadleError as exc:
         _fail(exc.detail)
+
+
+def _keys_run(work: Callable[[ApiKeyService], Awaitable[None]]) -> None:
+    from app.engine.api_keys import ApiKeyService
+
+    run_on_database(ApiKeyService, work)
 
 
 def _operator() -> str:

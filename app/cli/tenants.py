@@ -23,27 +23,12 @@ tenants_app = typer.Typer(
 
 
 def _tenants_run(work: Callable[[TenantService], Awaitable[None]]) -> None:
-    """Open the database (schema at head), run ``work(service)``, report domain errors."""
+    """Run ``work`` on a :class:`TenantService` over the database (schema at head)."""
     # Imported here: app.cli.main imports this module to register the command group.
-    from app.cli.main import _fail, _require_schema, _run, load_settings
-    from app.core.errors import TreadleError
-    from app.db.database import Database
+    from app.cli.main import run_on_database
     from app.engine.tenants import TenantService
 
-    settings = load_settings()
-
-    async def main() -> None:
-        await _require_schema(settings)
-        db = Database(settings)
-        try:
-            await work(TenantService(db))
-        finally:
-            await db.dispose()
-
-    try:
-        _run(main())
-    except TreadleError as exc:
-        _fail(exc.detail)
+    run_on_database(TenantService, work)
 
 
 def _line(state: TenantState) -> str:
