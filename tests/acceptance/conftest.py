@@ -25,6 +25,20 @@ from tests.helpers import wait_for_sync
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def cli(env: dict[str, str], *args: str) -> str:
+    """Run ``treadle <args>`` in a subprocess with ``env``; assert exit 0; return stdout."""
+    done = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", *args],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 0, done.stderr + done.stdout
+    return done.stdout
+
+
 def free_port() -> int:
     """An unused TCP port on 127.0.0.1."""
     with socket.socket() as s:

@@ -22,8 +22,6 @@ import hashlib
 import hmac
 import json
 import re
-import subprocess
-import sys
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -48,7 +46,8 @@ from app.db.queries import dead_letters as dl_q
 from app.db.tables import metadata, runs
 from app.engine.registry import Registry
 from app.sdk import WorkflowContext, workflow
-from tests.acceptance.conftest import ROOT, Stack, token
+from tests.acceptance.conftest import Stack, token
+from tests.acceptance.conftest import cli as _cli
 from tests.conftest import DEV_SECRET
 from tests.helpers import wait_for_sync
 from tests.unit.test_jwt import Jwks
@@ -544,19 +543,6 @@ async def _check(
 
 
 # --- a revoked key's queued run, with a real worker and the CLI ------------------------
-
-
-def _cli(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "app.cli.main", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr + done.stdout
-    return done.stdout
 
 
 @pytest.fixture

@@ -22,24 +22,12 @@ from app.core.settings import Settings
 from app.db.database import Database
 from app.engine.registry import Registry
 from tests.acceptance.conftest import ROOT, Stack, token
+from tests.acceptance.conftest import cli as _cli
 from tests.conftest import DEV_SECRET
 from tests.helpers import wait_for_sync
 
 TENANT = "initech"
 USER_SCOPES = [s for s in ALL_SCOPES if s != Scope.ADMIN]
-
-
-def _cli(env: dict[str, str], *args: str) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "app.cli.main", *args],
-        cwd=ROOT,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert done.returncode == 0, done.stderr + done.stdout
-    return done.stdout
 
 
 def _reach(c: httpx.Client, run_id: str, status: str) -> dict[str, Any]:
