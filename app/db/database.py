@@ -45,12 +45,18 @@ class Database:
     gets ``sqlalchemy.exc.TimeoutError`` (the API's 503 ``database_busy``). On PostgreSQL
     every connection carries ``statement_timeout`` = ``TREADLE_DB_STATEMENT_TIMEOUT_SECONDS``.
 
+    Args:
+        settings: URL, pool sizes and timeouts.
+        pre_ping: test each pooled PostgreSQL connection with a round trip at checkout
+            (the API keeps it, so a request after a server restart does not fail; the
+            worker process turns it off, see :func:`app.worker.worker.run_worker`).
+
     Attributes:
         dialect: ``"postgresql"`` or ``"sqlite"``.
         engine: the writer engine (also used by Alembic and LISTEN).
     """
 
-    def __init__(self, settings: Settings) -> None:
+    def __init__(self, settings: Settings, *, pre_ping: bool = True) -> None:
         self.settings = settings
         self.url = settings.database_url
         url = make_url(self.url)
@@ -68,7 +74,12 @@ class Database:
                 pool_size=settings.db_pool_size,
                 max_overflow=0,
                 pool_timeout=settings.db_pool_timeout_seconds,
-                pool_pre_ping=True,
+                # A SELECT 1 round trip per checkout (SQLAlchemy "pessimistic" disconnect
+                # handling). Workers turn it off: a connection that died with a server
+                # restart fails its first statement instead, before anything reached the
+                # server, SQLAlchemy then drops every older pooled connection, and workers
+                # already give the run back after such a fault and retry claims.
+                pool_pre_ping=pre_ping,
                 # The server's statement_timeout rather than asyncpg's command_timeout: the
                 # server cancels the statement and frees its locks, the connection stays
                 # usable, and the error (SQLSTATE 57014) cannot be mistaken for the
@@ -147,6 +158,21 @@ class Database:
 
         async def once() -> T:
             async with self.write() as conn:
+                return await fn(conn)
+
+        return await retry_conflicts(once, attempts=self.settings.db_retry_attempts, what=what)
+
+    async def autocommit_retrying(
+        self, fn: Callable[[AsyncConnection], Awaitable[T]], *, what: str = "statement"
+    ) -> T:
+        """Run ``fn(conn)`` on an :meth:`autocommit` connection, re-run after a conflict.
+
+        For work that is one self-contained statement (each statement commits on its
+        own), with the same retries as :meth:`write_retrying`. PostgreSQL only.
+        """
+
+        async def once() -> T:
+            async with self.autocommit() as conn:
                 return await fn(conn)
 
         return await retry_conflicts(once, attempts=self.settings.db_retry_attempts, what=what)

@@ -26,8 +26,9 @@ from app.db.database import Database
 from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
+from app.db.queries import submits as submits_q
 from app.engine import slots
-from app.engine.wakeup import notify
+from app.engine.wakeup import NOTIFY_CHANNEL, notify
 from app.sdk.queue import QueueControls
 
 
@@ -215,6 +216,16 @@ class Submitter:
         """
         input_text, version = await self.prepare(request)
         definition = await self._definition(request.workflow, version)
+        if self.db.dialect == "postgresql" and request.concurrency_key is None:
+            return await self._submit_one_statement(
+                request,
+                input_text,
+                version,
+                tenant_id=tenant_id,
+                subject=subject,
+                api_key_id=api_key_id,
+                access=definition.access,
+            )
 
         async def insert(conn: AsyncConnection) -> tuple[RowMapping, bool]:
             return await insert_prepared(
@@ -230,6 +241,50 @@ class Submitter:
             )
 
         return await self.db.write_retrying(insert, what="submit")
+
+    async def _submit_one_statement(
+        self,
+        request: SubmitRequest,
+        input_text: str,
+        version: str,
+        *,
+        tenant_id: str,
+        subject: str,
+        api_key_id: uuid.UUID | None,
+        access: str,
+    ) -> tuple[RowMapping, bool]:
+        # No slot to admit: run row, event and NOTIFY as one autocommit statement
+        # (app/db/queries/submits.py), the same writes insert_prepared makes.
+        fingerprint = request.fingerprint()
+        event_data = json.dumps(
+            {"workflow": request.workflow, "version": version, "parent_run_id": None}
+        )
+
+        async def insert(conn: AsyncConnection) -> tuple[RowMapping, bool]:
+            row = await submits_q.submit_run(
+                conn,
+                run_id=new_run_id(),
+                tenant_id=tenant_id,
+                workflow=request.workflow,
+                version=version,
+                input_text=input_text,
+                idempotency_key=request.idempotency_key,
+                request_hash=fingerprint,
+                created_by=subject,
+                api_key_id=api_key_id,
+                access=access,
+                priority=request.priority,
+                delay_seconds=request.delay,
+                event_data=event_data,
+                channel=NOTIFY_CHANNEL,
+            )
+            if row is None:
+                return await _replay(
+                    conn, request, fingerprint, tenant_id=tenant_id, subject=subject
+                )
+            return row, True
+
+        return await self.db.autocommit_retrying(insert, what="submit")
 
 
 async def insert_prepared(

@@ -15,6 +15,7 @@ import signal
 import socket
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +32,7 @@ from app.core.status import EventKind, RunReason, RunStatus
 from app.db.database import Database
 from app.db.faults import classify
 from app.db.migrations import check_schema
+from app.db.queries import checkpoints as checkpoints_q
 from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
@@ -211,8 +213,13 @@ class Worker:
                 )
                 outcome = refusal
             else:
-                async with self.db.read() as conn:
-                    journal = await steps_q.load_journal(conn, run_id)
+                journal: Sequence[RowMapping] = ()
+                if int(row["attempt"]) > 1:
+                    # Steps are journaled only by an execution under a claim, and the claim
+                    # bumps ``attempt``: a run's first claim has nothing to replay, so a
+                    # fresh run skips this read (one transaction per run on the hot path).
+                    async with self.db.read() as conn:
+                        journal = await steps_q.load_journal(conn, run_id)
                 execution = RunExecution(
                     self.db, self.settings, row, definition, journal, self.worker_id, self.submitter
                 )
@@ -392,7 +399,22 @@ class Worker:
             ):
                 await notify(conn)
 
-        await self.db.write_retrying(write, what="run outcome")
+        async def complete_alone(conn: AsyncConnection) -> None:
+            assert isinstance(outcome, Completed)
+            await checkpoints_q.complete_run(
+                conn, run_id=run_id, fence=fence, output=outcome.output
+            )
+
+        if (
+            isinstance(outcome, Completed)
+            and self.db.dialect == "postgresql"
+            and row["concurrency_slot"] is None
+            and row["parent_run_id"] is None
+        ):
+            # Nothing else changes with this outcome: one self-fencing statement.
+            await self.db.autocommit_retrying(complete_alone, what="run outcome")
+        else:
+            await self.db.write_retrying(write, what="run outcome")
         if isinstance(outcome, Completed):
             metrics.RUNS_FINISHED.labels(row["workflow"], "completed", "succeeded").inc()
             self.stats.completed += 1
@@ -553,7 +575,10 @@ async def run_worker(
         ImportError / ValueError: a handler module is missing or defines no workflow.
     """
     registry = Registry.from_modules(handler_modules)
-    db = Database(settings)
+    # No pre-ping round trip per checkout (two per plain step): after a server restart the
+    # first statement on a dead pooled connection fails before reaching the server, is
+    # classified as database_unavailable, and the run is given back or the claim retried.
+    db = Database(settings, pre_ping=False)
     try:
         await check_schema(db)
         worker = Worker(settings, db, registry, concurrency=concurrency)

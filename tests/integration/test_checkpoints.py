@@ -1,17 +1,21 @@
-"""Single-statement step checkpoints (PostgreSQL): a moved fence writes nothing.
+"""Single-statement writes (PostgreSQL): checkpoints, a run's completion, a submission.
 
-The start and the result of a plain step are each one statement of data-modifying CTEs
-in autocommit (app/db/queries/checkpoints.py). These tests pin the contract the
-multi-statement path had: with the current fence, the journal row and its event are
-written together; with a stale fence (a claim took the run over), ``LeaseLost`` is raised
-and no row of steps or events changes.
+The start and the result of a plain step, and the completion of a run with no slot and
+no parent, are each one statement of data-modifying CTEs in autocommit
+(app/db/queries/checkpoints.py). These tests pin the contract the multi-statement path
+had: with the current fence, the rows and their event are written together; with a
+stale fence (a claim took the run over), ``LeaseLost`` is raised and nothing changes.
+A submission without a concurrency key is one statement too (app/db/queries/submits.py):
+the run, its event and the NOTIFY together, and nothing at all for an idempotent replay.
 """
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from typing import Any
 
+import asyncpg
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import func, select
@@ -23,6 +27,8 @@ from app.db.queries import checkpoints as checkpoints_q
 from app.db.queries import runs as runs_q
 from app.db.tables import events, runs, steps
 from app.engine.registry import Registry
+from app.engine.submit import SubmitRequest, Submitter
+from app.engine.wakeup import NOTIFY_CHANNEL
 from app.sdk import WorkflowContext, workflow
 from tests.integration.support import submit
 
@@ -105,3 +111,105 @@ async def test_stale_fence_writes_nothing(settings: Settings, db: Database) -> N
             conn, run_id=run_id, fence=fence + 1, step_id="s", output="1", event_data="{}"
         )
     assert await _counts(db, run_id) == (1, before[1] + 2, [("succeeded", fence + 1)])
+
+
+async def test_stale_fence_does_not_complete(settings: Settings, db: Database) -> None:
+    if db.dialect != "postgresql":
+        pytest.skip("single-statement completion is the PostgreSQL path")
+    registry = Registry([plain])
+    run_id = await submit(db, settings, registry, TENANT, "cp-plain")
+    async with db.write() as conn:
+        (claimed,) = await runs_q.claim_runs(
+            conn, worker_id="w1", definition_keys=[("cp-plain", "1")], limit=1, lease_ttl=30
+        )
+    fence = int(claimed["fence"])
+    before = await _counts(db, run_id)
+    with pytest.raises(LeaseLost):
+        async with db.autocommit() as conn:
+            await checkpoints_q.complete_run(conn, run_id=run_id, fence=fence - 1, output="1")
+    async with db.read() as conn:
+        row = await runs_q.get_run(conn, TENANT, run_id)
+    assert row is not None and row["status"] == "running" and row["output"] is None
+    assert await _counts(db, run_id) == before
+
+    async with db.autocommit() as conn:
+        await checkpoints_q.complete_run(conn, run_id=run_id, fence=fence, output='{"n":1}')
+    async with db.read() as conn:
+        row = await runs_q.get_run(conn, TENANT, run_id)
+        kinds = (
+            await conn.execute(
+                select(events.c.kind).where(events.c.run_id == run_id).order_by(events.c.event_id)
+            )
+        ).scalars()
+        last_kind = list(kinds)[-1]
+    assert row is not None
+    assert (row["status"], row["reason"], row["output"]) == ("completed", "succeeded", '{"n":1}')
+    assert row["lease_owner"] is None and row["available_at"] is None
+    assert row["finished_at"] is not None
+    assert last_kind == "run_completed"
+    assert await _counts(db, run_id) == (0, before[1] + 1, [])
+
+    # Completed is not a leased status: the same fence cannot complete it twice.
+    with pytest.raises(LeaseLost):
+        async with db.autocommit() as conn:
+            await checkpoints_q.complete_run(conn, run_id=run_id, fence=fence, output="2")
+
+
+async def test_submit_statement_writes_run_event_and_notify(
+    settings: Settings, db: Database
+) -> None:
+    if db.dialect != "postgresql":
+        pytest.skip("the single-statement submission is the PostgreSQL path")
+    async with db.write() as conn:
+        await Registry([plain]).register(conn)
+    heard: asyncio.Queue[str] = asyncio.Queue()
+    listener = await asyncpg.connect(settings.database_url.replace("+asyncpg", ""))
+    await listener.add_listener(NOTIFY_CHANNEL, lambda *args: heard.put_nowait(args[3]))
+    try:
+        submitter = Submitter(db, settings)
+        request = SubmitRequest(
+            workflow="cp-plain", input={}, idempotency_key="k-1", delay=30.0, priority=7
+        )
+        row, created = await submitter.submit(request, tenant_id=TENANT, subject="alice")
+        assert created
+        assert await asyncio.wait_for(heard.get(), 10) == ""  # workers are woken
+
+        assert (row["status"], row["workflow"], row["version"]) == ("queued", "cp-plain", "1")
+        assert (row["created_by"], row["priority"], row["access"]) == ("alice", 7, "tenant")
+        assert row["idempotency_key"] == "k-1" and row["request_hash"] == request.fingerprint()
+        assert row["concurrency_key"] is None and row["fence"] == 0 and row["attempt"] == 0
+        # The delay is on the database clock, relative to the same statement's now().
+        assert (row["available_at"] - row["created_at"]).total_seconds() == 30.0
+        assert row["created_at"].tzinfo is not None
+        async with db.read() as conn:
+            stored = await runs_q.get_run(conn, TENANT, row["run_id"])
+            timeline = (
+                await conn.execute(select(events).where(events.c.run_id == row["run_id"]))
+            ).all()
+        assert stored is not None and dict(stored) == dict(row)
+        assert [(e.kind, e.actor, e.tenant_id) for e in timeline] == [
+            ("run_submitted", "alice", TENANT)
+        ]
+        assert timeline[0].data == '{"workflow":"cp-plain","version":"1","parent_run_id":null}'
+        assert timeline[0].at == row["created_at"]
+
+        # An identical retry is the same run: no second row, event or wake-up.
+        again, created = await submitter.submit(request, tenant_id=TENANT, subject="alice")
+        assert not created and again["run_id"] == row["run_id"]
+        other, created = await submitter.submit(
+            SubmitRequest(workflow="cp-plain", input={}), tenant_id=TENANT, subject="alice"
+        )
+        assert created and other["available_at"] == other["created_at"]
+        # Notifications arrive in commit order (PostgreSQL NOTIFY): everything heard
+        # before our own marker, sent after the three submissions, is theirs.
+        await listener.execute("SELECT pg_notify($1, 'marker')", NOTIFY_CHANNEL)
+        after_first: list[str] = []
+        while (payload := await asyncio.wait_for(heard.get(), 10)) != "marker":
+            after_first.append(payload)
+        assert after_first == [""]  # the third submission's only
+        async with db.read() as conn:
+            n_runs = (await conn.execute(select(func.count()).select_from(runs))).scalar_one()
+            n_events = (await conn.execute(select(func.count()).select_from(events))).scalar_one()
+        assert (n_runs, n_events) == (2, 2)
+    finally:
+        await listener.close()

@@ -427,6 +427,62 @@ async def test_checkpoint_fault_gives_the_run_back_and_it_completes(
 
 
 @PG_ONLY
+async def test_worker_without_pre_ping_survives_terminated_connections(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A worker pool without pre-ping survives its connections being terminated.
+
+    Worker processes check connections out without a pre-ping round trip. A server-side
+    termination of every connection (what a PostgreSQL restart does) fails the next
+    checkpoint on a dead pooled connection; the run is given back and completes, and the
+    worker's later runs get fresh connections.
+    """
+    # Deterministic: with one slot the claim loop does not query while the run is
+    # active, and no heartbeat falls due, so the checkpoint is the first statement to
+    # meet a dead connection (any earlier one would drop the whole pool first).
+    settings = make_settings(
+        database_url,
+        tmp_path,
+        poll_interval_seconds=0.05,
+        heartbeat_interval_seconds=100,
+        lease_ttl_seconds=600,
+    )
+    db = Database(settings)
+    worker_db = Database(settings, pre_ping=False)
+    key = f"pp-{uuid.uuid4().hex[:8]}"
+    run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-held", key=key)
+    async with support.workers(settings, worker_db, REGISTRY, concurrency=1) as (worker,):
+        await asyncio.wait_for(_gate(f"{key}:started").wait(), 30)
+        # The step's start checkpoint left its connection in the worker's pool.
+        assert worker_db.engine.sync_engine.pool.checkedin() >= 1  # type: ignore[attr-defined]
+        admin = await asyncpg.connect(asyncpg_dsn(database_url))
+        try:
+            terminated = await admin.fetchval(
+                "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity"
+                " WHERE datname = current_database() AND pid <> pg_backend_pid()"
+            )
+        finally:
+            await admin.close()
+        assert terminated >= 1
+        _gate(f"{key}:release").set()  # the success checkpoint meets a dead connection
+        row = await support.reach(db, TENANT, run_id, "completed", "failed", timeout=60)
+        assert (row["status"], json.loads(row["output"])) == ("completed", "call-2+after")
+        assert worker.stats.db_faults >= 1 and worker.stats.lease_lost == 0
+
+        later = f"pp-{uuid.uuid4().hex[:8]}"
+        _gate(f"{later}:release").set()
+        second = await support.submit(db, settings, REGISTRY, TENANT, "fault-held", key=later)
+        row = await support.reach(db, TENANT, second, "completed", "failed", timeout=60)
+        assert (row["status"], json.loads(row["output"])) == ("completed", "call-1+after")
+        assert not worker._stopping.is_set()
+    async with db.read() as conn:
+        failed = await conn.execute(select(func.count()).where(events.c.kind == "run_failed"))
+        assert failed.scalar_one() == 0
+    await worker_db.dispose()
+    await db.dispose()
+
+
+@PG_ONLY
 async def test_checkpoint_deadlock_past_its_retries_does_not_fail_the_run(
     database_url: str, tmp_path: Path
 ) -> None:

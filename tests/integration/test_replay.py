@@ -11,7 +11,7 @@ from sqlalchemy import insert, select
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.queries import runs as runs_q
-from app.db.tables import steps
+from app.db.tables import runs, steps
 from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
 from app.sdk import WorkflowContext, workflow
@@ -61,6 +61,10 @@ async def _seed_and_run(settings: Settings, db: Database, journal: list[dict[str
     run_id = row["run_id"]
     now = row["created_at"]
     async with db.write() as conn:
+        # As an earlier execution leaves them: claimed once (attempt and fence 1), its
+        # steps journaled under that fence. (A run never claimed has no journal, and the
+        # worker does not read one for it.)
+        await conn.execute(runs.update().where(runs.c.run_id == run_id).values(attempt=1, fence=1))
         for entry in journal:
             await conn.execute(
                 insert(steps).values(
@@ -72,7 +76,7 @@ async def _seed_and_run(settings: Settings, db: Database, journal: list[dict[str
                     created_at=now,
                     started_at=now,
                     finished_at=now,
-                    fence=0,
+                    fence=1,
                     **entry,
                 )
             )

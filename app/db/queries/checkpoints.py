@@ -9,6 +9,8 @@ autocommit, so the statement is its own transaction. ``held`` takes the run row 
 (an ``UPDATE``, re-checked against a concurrent claim's new fence under READ COMMITTED),
 and the journal and event rows are produced only ``FROM held``: a moved fence writes
 nothing, exactly like :func:`app.db.queries.runs.check_fence` followed by the writes.
+A run's completion (:func:`complete_run`) is folded the same way when nothing else
+changes with it (no concurrency slot to hand on, no parent to wake).
 
 SQLite keeps the multi-statement transaction (an embedded database has no round trips).
 """
@@ -21,7 +23,7 @@ from sqlalchemy import BigInteger, Integer, String, Text, Uuid, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.errors import LeaseLost
-from app.core.status import EventKind, StepStatus
+from app.core.status import EventKind, RunStatus, StepStatus
 from app.db.queries.runs import LEASED_STATUSES
 
 _LEASED_SQL = ", ".join(f"'{s.value}'" for s in LEASED_STATUSES)
@@ -157,6 +159,57 @@ async def record_success(
             "output": output,
             "event_kind": EventKind.STEP_SUCCEEDED.value,
             "event_data": event_data,
+        },
+    )
+    if result.scalar_one() != 1:
+        raise LeaseLost(run_id)
+
+
+_COMPLETE = text(
+    f"""WITH finished AS (
+    UPDATE runs SET status = :status, reason = :reason, output = :output, error = NULL,
+                    lease_owner = NULL, lease_expires_at = NULL, available_at = NULL,
+                    blocked_reason = NULL, finished_at = now(), updated_at = now()
+    WHERE run_id = :run_id AND fence = :fence AND status IN ({_LEASED_SQL})
+    RETURNING run_id, tenant_id
+),
+timeline AS (
+    INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
+    SELECT run_id, tenant_id, now(), :event_kind, NULL, NULL, NULL FROM finished
+)
+SELECT count(*) FROM finished"""
+).bindparams(
+    bindparam("run_id", type_=Uuid()),
+    bindparam("fence", type_=BigInteger()),
+    bindparam("status", type_=String()),
+    bindparam("reason", type_=String()),
+    bindparam("output", type_=Text()),
+    bindparam("event_kind", type_=String()),
+)
+
+
+async def complete_run(
+    conn: AsyncConnection, *, run_id: uuid.UUID, fence: int, output: str
+) -> None:
+    """Fence-check, write ``completed`` with ``output`` (JSON text), append ``run_completed``.
+
+    The same writes as :func:`app.db.queries.runs.finish_run` plus
+    :func:`app.db.queries.events.append`, as one statement on an autocommit connection
+    (PostgreSQL). Only for a run that holds no concurrency slot and has no parent: those
+    also hand the slot on or wake the parent, in the same transaction.
+
+    Raises:
+        LeaseLost: the fence moved; nothing was written.
+    """
+    result = await conn.execute(
+        _COMPLETE,
+        {
+            "run_id": run_id,
+            "fence": fence,
+            "status": RunStatus.COMPLETED.value,
+            "reason": "succeeded",
+            "output": output,
+            "event_kind": EventKind.RUN_COMPLETED.value,
         },
     )
     if result.scalar_one() != 1:

@@ -1,0 +1,128 @@
+"""A run's submission as one PostgreSQL statement: the run row, its event and the wake-up.
+
+Submitting a run without a concurrency key writes (1) the ``runs`` row unless the
+tenant's idempotency key is taken, (2) its ``run_submitted`` event and (3) a NOTIFY that
+wakes listening workers, atomically. As separate statements in an explicit transaction
+that is six round trips (pool pre-ping, BEGIN, INSERT, INSERT, ``pg_notify``, COMMIT)
+and three statements built per request; here it is one statement of data-modifying CTEs
+(PostgreSQL "WITH queries", §7.8.4) built once and run in autocommit, so the statement
+is its own transaction. ``submitted`` and ``announced`` read only ``FROM inserted``: an
+idempotency-key twin (``ON CONFLICT DO NOTHING``) writes no event and wakes nobody, and
+the caller then reads the twin, exactly as :func:`app.db.queries.runs.insert_run` does.
+
+NOTIFY is transactional (PostgreSQL docs, NOTIFY): workers are woken only once the
+statement has committed, so a woken worker always finds the run.
+
+Runs with a concurrency key, child runs and SQLite keep the multi-statement transaction
+(slot admission takes the key's lock first; a child joins its parent's transaction).
+"""
+
+from __future__ import annotations
+
+import uuid
+
+from sqlalchemy import Double, Integer, RowMapping, String, Text, Uuid, bindparam, text
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core.status import EventKind, RunStatus
+from app.db.tables import runs
+
+_RUN_COLUMNS = ", ".join(c.name for c in runs.c)
+
+_SUBMIT = (
+    text(
+        f"""WITH inserted AS (
+    INSERT INTO runs (run_id, tenant_id, workflow, version, status, input, idempotency_key,
+                      request_hash, created_by, api_key_id, access, priority,
+                      created_at, updated_at, available_at)
+    VALUES (:run_id, :tenant_id, :workflow, :version, :status, :input, :idempotency_key,
+            :request_hash, :created_by, :api_key_id, :access, :priority,
+            now(), now(), now() + make_interval(secs => :delay_seconds))
+    ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
+    RETURNING {_RUN_COLUMNS}
+),
+submitted AS (
+    INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
+    SELECT run_id, tenant_id, now(), :event_kind, NULL, created_by, :event_data
+    FROM inserted
+),
+announced AS (
+    SELECT pg_notify(:channel, '') FROM inserted
+)
+SELECT {_RUN_COLUMNS} FROM inserted, announced"""
+    )
+    .bindparams(
+        bindparam("run_id", type_=Uuid()),
+        bindparam("tenant_id", type_=String()),
+        bindparam("workflow", type_=String()),
+        bindparam("version", type_=String()),
+        bindparam("status", type_=String()),
+        bindparam("input", type_=Text()),
+        bindparam("idempotency_key", type_=String()),
+        bindparam("request_hash", type_=String()),
+        bindparam("created_by", type_=String()),
+        bindparam("api_key_id", type_=Uuid()),
+        bindparam("access", type_=String()),
+        bindparam("priority", type_=Integer()),
+        bindparam("delay_seconds", type_=Double()),
+        bindparam("event_kind", type_=String()),
+        bindparam("event_data", type_=Text()),
+        bindparam("channel", type_=String()),
+    )
+    # Typed result columns, matched by position: timestamps come back as aware UTC
+    # datetimes exactly as from a Core ``select(runs)``.
+    .columns(*runs.c)
+)
+
+
+async def submit_run(
+    conn: AsyncConnection,
+    *,
+    run_id: uuid.UUID,
+    tenant_id: str,
+    workflow: str,
+    version: str,
+    input_text: str,
+    idempotency_key: str | None,
+    request_hash: str,
+    created_by: str,
+    api_key_id: uuid.UUID | None,
+    access: str,
+    priority: int,
+    delay_seconds: float | None,
+    event_data: str,
+    channel: str,
+) -> RowMapping | None:
+    """Insert a ``queued`` run, its ``run_submitted`` event and NOTIFY, as one statement.
+
+    Run on an autocommit connection (PostgreSQL). ``available_at`` is the database clock
+    plus ``delay_seconds`` (None or 0: now). ``event_data`` is the event's JSON text;
+    ``channel`` the NOTIFY channel workers LISTEN on (:mod:`app.engine.wakeup`).
+
+    Returns:
+        The inserted run row, or None when the tenant's ``idempotency_key`` is already
+        taken (nothing was written; read the twin with
+        :func:`app.db.queries.runs.get_by_idempotency_key`).
+    """
+    result = await conn.execute(
+        _SUBMIT,
+        {
+            "run_id": run_id,
+            "tenant_id": tenant_id,
+            "workflow": workflow,
+            "version": version,
+            "status": RunStatus.QUEUED.value,
+            "input": input_text,
+            "idempotency_key": idempotency_key,
+            "request_hash": request_hash,
+            "created_by": created_by,
+            "api_key_id": api_key_id,
+            "access": access,
+            "priority": priority,
+            "delay_seconds": float(delay_seconds or 0.0),
+            "event_kind": EventKind.RUN_SUBMITTED.value,
+            "event_data": event_data,
+            "channel": channel,
+        },
+    )
+    return result.mappings().first()
