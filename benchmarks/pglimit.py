@@ -9,12 +9,12 @@ Two custom pgbench scripts on a freshly migrated database, each client working o
 asyncpg does):
 
 ``executor_step``
-    Exactly what the executor commits for one no-op step today (captured from a worker
-    with SQLAlchemy's ``before_cursor_execute``, see ``app/engine/executor.py``
-    ``_attempt``): two transactions, *start* (fenced ``UPDATE runs``, ``INSERT … ON
-    CONFLICT`` into ``steps``, ``INSERT`` into ``events``) and *succeed* (fenced ``UPDATE
-    runs``, ``UPDATE steps``, ``INSERT`` into ``events``). One script execution = one step,
-    so pgbench's tps is the database's ceiling in steps/s for our current protocol.
+    Exactly what the executor commits for one no-op step on PostgreSQL today
+    (``app/db/queries/checkpoints.py``): two single-statement transactions, *start*
+    (fenced ``UPDATE runs``, ``INSERT … ON CONFLICT`` into ``steps``, ``INSERT`` into
+    ``events``, as data-modifying CTEs) and *succeed* (fenced ``UPDATE runs``, ``UPDATE
+    steps``, ``INSERT`` into ``events``). One script execution = one step, so pgbench's
+    tps is the database's ceiling in steps/s for our current protocol.
 ``checkpoint``
     The minimal checkpoint transaction of DESIGN §7: the fenced ``UPDATE`` of the run and
     the ``INSERT`` of the finished step, one commit per step. What a one-commit-per-step
@@ -41,28 +41,39 @@ from benchmarks.common import RESULTS, asyncpg_url, fresh_database
 _RUN = "('00000000-0000-0000-0000-' || lpad((:client_id + 1)::text, 12, '0'))::uuid"
 _FENCE = f"runs.run_id = {_RUN} AND runs.fence = 1 AND runs.status IN ('running', 'cancelling', 'compensating')"  # noqa: E501
 
+_HELD = f"""held AS (
+  UPDATE runs SET updated_at = now() WHERE {_FENCE}
+  RETURNING run_id, tenant_id)"""
+
+# The executor's two single-statement checkpoints (app/db/queries/checkpoints.py), each
+# its own transaction (autocommit), with a no-op step's values.
 EXECUTOR_STEP = f"""\\set seq :seq + 1
-BEGIN;
-UPDATE runs SET updated_at = now() WHERE {_FENCE};
-INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt, max_attempts,
-  next_attempt_at, detail, created_at, started_at, fence)
-  VALUES ({_RUN}, 's' || :seq, 'bench', :seq, 'step', 'noop', 'running', 1, 3, NULL, NULL,
-  now(), now(), 1)
-  ON CONFLICT (run_id, step_id) DO UPDATE SET status = 'running', attempt = 1,
-  error = excluded.error, next_attempt_at = NULL, detail = excluded.detail,
-  started_at = now(), fence = 1;
-INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
-  VALUES ({_RUN}, 'bench', now(), 'step_started', 's' || :seq, NULL,
-  '{{"attempt":1,"worker_id":"vm:12345:0123abcd"}}') RETURNING events.event_id;
-COMMIT;
-BEGIN;
-UPDATE runs SET updated_at = now() WHERE {_FENCE};
-UPDATE steps SET status = 'succeeded', output = '0', error = NULL, next_attempt_at = NULL,
-  finished_at = now(), fence = 1 WHERE steps.run_id = {_RUN} AND steps.step_id = 's' || :seq;
-INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
-  VALUES ({_RUN}, 'bench', now(), 'step_succeeded', 's' || :seq, NULL, '{{"attempt":1}}')
-  RETURNING events.event_id;
-COMMIT;
+WITH {_HELD},
+journal AS (
+  INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt,
+    max_attempts, fence, next_attempt_at, detail, created_at, started_at)
+  SELECT run_id, 's' || :seq, tenant_id, :seq, 'step', 'noop', 'running', 1, 3, 1, NULL,
+    NULL, now(), now() FROM held
+  ON CONFLICT (run_id, step_id) DO UPDATE SET status = excluded.status,
+    attempt = excluded.attempt, started_at = now(), fence = excluded.fence,
+    next_attempt_at = NULL, error = NULL, detail = excluded.detail
+  RETURNING run_id, tenant_id),
+timeline AS (
+  INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
+  SELECT run_id, tenant_id, now(), 'step_started', 's' || :seq, NULL,
+    '{{"attempt":1,"worker_id":"vm:12345:0123abcd"}}' FROM journal)
+SELECT count(*) FROM held;
+WITH {_HELD},
+journal AS (
+  UPDATE steps SET status = 'succeeded', output = '0', error = NULL, fence = 1,
+    finished_at = now(), next_attempt_at = NULL
+  FROM held WHERE steps.run_id = held.run_id AND steps.step_id = 's' || :seq
+  RETURNING held.run_id, held.tenant_id),
+timeline AS (
+  INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
+  SELECT run_id, tenant_id, now(), 'step_succeeded', 's' || :seq, NULL, '{{"attempt":1}}'
+  FROM journal)
+SELECT count(*) FROM held;
 """
 
 CHECKPOINT = f"""\\set seq :seq + 1
