@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import re
 import shutil
@@ -25,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -150,7 +152,11 @@ async def _httpx(url: str, token: str | None, seconds: float, connections: int) 
     }
 
 
-def _load(url: str, token: str | None, seconds: float, connections: int) -> dict[str, Any]:
+def load(url: str, token: str | None, seconds: float, connections: int) -> dict[str, Any]:
+    """Closed-loop ``POST`` load on ``url`` for ``seconds``: wrk if installed, else httpx.
+
+    Returns requests/s, p50 and p99 latency (ms), the generator used and non-2xx count.
+    """
     if shutil.which("wrk"):
         return _wrk(url, token, seconds, connections)
     return asyncio.run(_httpx(url, token, seconds, connections))
@@ -168,8 +174,12 @@ def _serve(cmd: list[str], env: dict[str, str], port: int) -> subprocess.Popen[b
     return proc
 
 
-def measure_treadle(seconds: float, connections: int) -> dict[str, Any]:
-    """``POST /runs`` on ``treadle serve`` (a fresh database, the workflow registered)."""
+@contextlib.contextmanager
+def serving_treadle() -> Iterator[tuple[int, str, int]]:
+    """``treadle serve`` on a fresh database with the workflow registered.
+
+    Yields ``(port, bearer token with runs:write, server pid)``; stops the server after.
+    """
     with fresh_database("http") as url:
         upgrade_to_head(asyncpg_url(url))
 
@@ -191,9 +201,15 @@ def measure_treadle(seconds: float, connections: int) -> dict[str, Any]:
             token = DevTokens(DEV_SECRET).mint(
                 tenant_id="bench", subject="bench", scopes=["runs:write"]
             )
-            return _load(f"http://127.0.0.1:{port}/runs", token, seconds, connections)
+            yield port, token, proc.pid
         finally:
             stop([proc])
+
+
+def measure_treadle(seconds: float, connections: int) -> dict[str, Any]:
+    """``POST /runs`` on ``treadle serve`` (a fresh database, the workflow registered)."""
+    with serving_treadle() as (port, token, _pid):
+        return load(f"http://127.0.0.1:{port}/runs", token, seconds, connections)
 
 
 def measure_bare(seconds: float, connections: int) -> dict[str, Any]:
@@ -204,7 +220,7 @@ def measure_bare(seconds: float, connections: int) -> dict[str, Any]:
         cmd += ["--port", str(port), "--log-level", "warning", "--no-access-log"]
         proc = _serve(cmd, worker_env(url, BARE_DATABASE_URL=url), port)
         try:
-            return _load(f"http://127.0.0.1:{port}/runs", None, seconds, connections)
+            return load(f"http://127.0.0.1:{port}/runs", None, seconds, connections)
         finally:
             stop([proc])
 

@@ -1,18 +1,21 @@
-"""Profile one worker's hot path with py-spy while it drains ten-step runs.
+"""Profile the hot paths with py-spy: a worker draining ten-step runs, or ``POST /runs``.
 
 Usage::
 
     uv run python -m benchmarks.profiling --runs 300 --seconds 20
+    uv run python -m benchmarks.profiling --api --seconds 10
 
-Starts one ``treadle worker`` (concurrency 16) on a fresh database holding ``--runs``
-pre-submitted ten-step runs, samples it with ``py-spy record`` twice for ``--seconds`` (idle
-threads excluded, so the samples are where the CPU goes), and writes to
-``benchmarks/results/``:
+Worker (default): starts one ``treadle worker`` (concurrency 16) on a fresh database
+holding ``--runs`` pre-submitted ten-step runs. ``--api``: starts ``treadle serve`` as
+the HTTP benchmark does (:mod:`benchmarks.http_api`) and keeps it busy with the same load
+generator (``wrk``, 16 connections, or its httpx fallback). Either process is sampled
+with ``py-spy record`` twice for ``--seconds`` (idle threads excluded, so the samples are
+where the CPU goes), and the results go to ``benchmarks/results/``:
 
-- ``profile-worker.svg``: the flame graph;
-- ``profile-worker.txt``: the functions with the largest share of samples (project code,
-  SQLAlchemy, asyncpg, pydantic, self time), then the 200 most sampled collapsed stacks
-  (``py-spy --format raw``).
+- ``profile-<worker|api>.svg``: the flame graph;
+- ``profile-<worker|api>.txt``: the functions with the largest share of samples (project
+  code, SQLAlchemy, asyncpg, pydantic, self time), then the 200 most sampled collapsed
+  stacks (``py-spy --format raw``).
 """
 
 from __future__ import annotations
@@ -24,12 +27,14 @@ import re
 import shutil
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
 import asyncpg
 
 from app.db.migrations import upgrade_to_head
+from benchmarks import http_api
 from benchmarks.common import RESULTS, asyncpg_url, fresh_database, start_workers, stop
 from benchmarks.throughput import POLL_SECONDS, POOL_SIZE, prepare
 
@@ -93,10 +98,26 @@ async def _running(url: str) -> bool:
         await conn.close()
 
 
+def _record(pid: int, seconds: float, name: str) -> Path:
+    """Sample ``pid`` twice (collapsed stacks, then a flame graph); write the summary."""
+    base = [_py_spy(), "record", "--pid", str(pid), "--duration", str(int(seconds))]
+    raw_path = RESULTS / f"profile-{name}.raw"
+    # Back to back on the same steady load: collapsed stacks for the summary, then
+    # py-spy's own flame graph.
+    for fmt, out in (("raw", raw_path), ("flamegraph", RESULTS / f"profile-{name}.svg")):
+        subprocess.run([*base, "--format", fmt, "-o", str(out)], check=True, capture_output=True)
+    raw = raw_path.read_text()
+    raw_path.unlink()
+    stacks = sorted(raw.splitlines(), key=lambda line: -int(line.rpartition(" ")[2] or 0))
+    txt = RESULTS / f"profile-{name}.txt"
+    txt.write_text(
+        summarize(raw) + "\nthe 200 most sampled collapsed stacks:\n" + "\n".join(stacks[:200])
+    )
+    return txt
+
+
 def profile(n_runs: int, seconds: float) -> Path:
-    """Record the worker; returns the summary file."""
-    svg = RESULTS / "profile-worker.svg"
-    txt = RESULTS / "profile-worker.txt"
+    """Record a worker draining ten-step runs; returns the summary file."""
     with fresh_database("prof") as url:
         upgrade_to_head(asyncpg_url(url))
         asyncio.run(prepare(url, n_runs, 10))
@@ -105,32 +126,34 @@ def profile(n_runs: int, seconds: float) -> Path:
         )
         try:
             _until_claiming(url)
-            base = [_py_spy(), "record", "--pid", str(worker.pid), "--duration", str(int(seconds))]
-            # Back to back on the same steady drain: collapsed stacks for the summary, then
-            # py-spy's own flame graph.
-            raw_path = RESULTS / "profile-worker.raw"
-            for fmt, out in (("raw", raw_path), ("flamegraph", svg)):
-                subprocess.run(
-                    [*base, "--format", fmt, "-o", str(out)], check=True, capture_output=True
-                )
+            return _record(worker.pid, seconds, "worker")
         finally:
             stop([worker])
-    raw = raw_path.read_text()
-    raw_path.unlink()
-    stacks = sorted(raw.splitlines(), key=lambda line: -int(line.rpartition(" ")[2] or 0))
-    txt.write_text(
-        summarize(raw) + "\nthe 200 most sampled collapsed stacks:\n" + "\n".join(stacks[:200])
-    )
-    return txt
+
+
+def profile_api(seconds: float) -> Path:
+    """Record ``treadle serve`` answering ``POST /runs`` under load; returns the summary."""
+    # Twice the sampling time of load: both recordings see a steady server.
+    with http_api.serving_treadle() as (port, token, pid):
+        load = threading.Thread(
+            target=http_api.load,
+            args=(f"http://127.0.0.1:{port}/runs", token, 2 * seconds + 2, 16),
+        )
+        load.start()
+        try:
+            return _record(pid, seconds, "api")
+        finally:
+            load.join()
 
 
 def main() -> None:
     """Parse arguments, profile, print the summary head."""
-    parser = argparse.ArgumentParser(description="py-spy profile of a Treadle worker")
+    parser = argparse.ArgumentParser(description="py-spy profile of a worker or the API")
     parser.add_argument("--runs", type=int, default=300)
     parser.add_argument("--seconds", type=float, default=20)
+    parser.add_argument("--api", action="store_true", help="profile POST /runs instead")
     args = parser.parse_args()
-    txt = profile(args.runs, args.seconds)
+    txt = profile_api(args.seconds) if args.api else profile(args.runs, args.seconds)
     print("\n".join(txt.read_text().splitlines()[:60]))
 
 
