@@ -250,7 +250,7 @@ def main() -> None:
         result["http"] = http_api.measure(seconds, 16)
     if "scale" in parts:
         print("scale curve ...", flush=True)
-        result["scale"] = scale.measure(scale_rows, 40 if quick else 500)
+        result["scale"] = scale.measure(scale_rows, 40 if quick else 2000)
         result["memory"] = scale.memory(100 if quick else 1000)
     result["ratios"] = _ratios(result)
     result["finished_at"] = datetime.now(UTC).isoformat()
