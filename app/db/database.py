@@ -169,6 +169,12 @@ class Database:
 
         For work that is one self-contained statement (each statement commits on its
         own), with the same retries as :meth:`write_retrying`. PostgreSQL only.
+
+        Returns:
+            What ``fn`` returned in the attempt that succeeded.
+
+        Raises:
+            Whatever ``fn`` raised; a conflict once ``TREADLE_DB_RETRY_ATTEMPTS`` ran out.
         """
 
         async def once() -> T:

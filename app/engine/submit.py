@@ -256,9 +256,7 @@ class Submitter:
         # No slot to admit: run row, event and NOTIFY as one autocommit statement
         # (app/db/queries/submits.py), the same writes insert_prepared makes.
         fingerprint = request.fingerprint()
-        event_data = json.dumps(
-            {"workflow": request.workflow, "version": version, "parent_run_id": None}
-        )
+        event_data = json.dumps(_submitted_data(request, version, parent_run_id=None, slot=None))
 
         async def insert(conn: AsyncConnection) -> tuple[RowMapping, bool]:
             row = await submits_q.submit_run(
@@ -378,15 +376,22 @@ async def insert_prepared(
         tenant_id=tenant_id,
         kind=EventKind.RUN_SUBMITTED,
         actor=subject,
-        data={
-            "workflow": request.workflow,
-            "version": version,
-            "parent_run_id": None if parent_run_id is None else str(parent_run_id),
-            **({} if key is None else {"concurrency_slot": slot}),
-        },
+        data=_submitted_data(request, version, parent_run_id=parent_run_id, slot=slot),
     )
     await notify(conn)
     return row, True
+
+
+def _submitted_data(
+    request: SubmitRequest, version: str, *, parent_run_id: uuid.UUID | None, slot: int | None
+) -> dict[str, Any]:
+    # The run_submitted event's data, for both submit paths (one statement or not).
+    return {
+        "workflow": request.workflow,
+        "version": version,
+        "parent_run_id": None if parent_run_id is None else str(parent_run_id),
+        **({} if request.concurrency_key is None else {"concurrency_slot": slot}),
+    }
 
 
 async def _replay(
