@@ -25,6 +25,7 @@ import uuid
 from typing import Any
 
 import httpx
+import pytest
 from sqlalchemy import update
 
 from app.core.settings import Settings
@@ -37,6 +38,8 @@ from tests.acceptance.fidelity_handlers import HOSTILE, HOSTILE_STEP
 from tests.acceptance.test_http_input import assert_problem, describe
 from tests.conftest import DEV_SECRET
 from tests.helpers import wait_for_sync
+
+pytestmark = pytest.mark.timeout(300)  # an API and a worker process on a loaded machine
 
 HANDLERS = "tests.acceptance.fidelity_handlers"
 # What a plain-text line may never hold raw: C0 controls but LF (the layout), DEL, C1,
@@ -105,14 +108,19 @@ def test_idempotent_retry_is_the_same_json_in_any_spelling(stack: Stack) -> None
             json={"workflow": "fid-approve", "idempotency_key": "k-4", "input": {"name": "n"}},
         )
         assert first3.status_code == 201, describe(first3)
-        for what, body in {
-            "another number": {"name": "n", "n": 1},
+        for what, changed_input in {
+            "an extra field": {"name": "n", "n": 1},
             "priority": {"name": "n"},
         }.items():
             extra = {"priority": 5} if what == "priority" else {}
             resp = c.post(
                 "/runs",
-                json={"workflow": "fid-approve", "idempotency_key": "k-4", "input": body, **extra},
+                json={
+                    "workflow": "fid-approve",
+                    "idempotency_key": "k-4",
+                    "input": changed_input,
+                    **extra,
+                },
             )
             assert_problem(resp, 409, "idempotency_key_reused", what)
         for a, b in [(1, 1.5), (1, "1"), (1, True), (0, False), (None, 0)]:
