@@ -309,8 +309,9 @@ async def list_run_steps(
     ``reason`` filter; a step's ``reason`` is how it ended (``succeeded``, the
     ``failure_…`` reason of a failed or timed-out step, ``rejected_by_approver`` for a
     rejected approval, ``canceled_by_request`` or, when the run failed while the step was
-    unfinished, ``canceled_by_failure``), null while it has not. Pagination is keyset-based on call order, so pages are stable while
-    the run adds steps; ``page_token`` is opaque and only valid with the same filters.
+    unfinished, ``canceled_by_failure``), null while it has not. Pagination is
+    keyset-based on call order, so pages are stable while the run adds steps;
+    ``page_token`` is opaque and only valid with the same filters.
     """
     rid = parse_run_id(run_id)
     scope = f"steps:{rid}"
