@@ -4,7 +4,8 @@ Fingerprints: the same JSON value in any key order or number spelling is the sam
 request; strings (Unicode normalization included), booleans and distinct numbers are
 not; the legacy (pre-canonical) fingerprint still recognises an identical request.
 Plain text: :func:`app.core.text.printable` output always encodes as UTF-8, holds no
-invisible or bidi character, and turns an escaped JSON document into an equal one.
+invisible or bidi character, and turns an escaped JSON document into an equal one; log
+records (console and JSON) show hostile values escaped, one record per line.
 """
 
 from __future__ import annotations
@@ -16,10 +17,13 @@ import unicodedata
 from typing import Any
 
 import pytest
+import structlog
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from app.core import json
+from app.core.logging import configure_logging
+from app.core.settings import Settings
 from app.core.text import printable
 from app.engine.submit import SubmitRequest
 
@@ -176,3 +180,24 @@ def test_printable_json_is_equal_json(value: Any) -> None:
     text = stdjson.dumps(value, ensure_ascii=False, indent=2)
     shown = printable(text, keep="\n")
     assert stdjson.loads(shown) == stdjson.loads(text)
+
+
+@pytest.mark.parametrize("log_format", ["console", "json"])
+def test_log_records_show_hostile_values_escaped(
+    log_format: str, capsys: pytest.CaptureFixture[str], tmp_path: Any
+) -> None:
+    # The console renderer has no escapes of its own: a value must not forge a record.
+    settings = Settings(log_format=log_format, data_dir=tmp_path)
+    try:
+        configure_logging(settings)
+        structlog.get_logger("t").warning(
+            "step failed\nforged record", error="lone \ud800 ESC \x1b[2J RTL \u202e NUL \x00"
+        )
+        err = capsys.readouterr().err
+    finally:
+        structlog.reset_defaults()
+    err.encode("utf-8")
+    for raw in ("\ud800", "\x1b", "\u202e", "\x00"):
+        assert raw not in err, (log_format, repr(raw))
+    assert err.count("\n") == 1, err  # one record, one line: nothing forged
+    assert "forged record" in err
