@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import contextlib
-import json as stdjson
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -11,11 +10,11 @@ from typing import Any
 
 import structlog
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import problems
+from app.api.responses import AsciiJSONResponse
 from app.api.routes import (
     admin,
     dead_letters,
@@ -184,20 +183,6 @@ class _TooLarge(StarletteHTTPException):
     # in a generic 400 "error parsing the body".
     def __init__(self) -> None:
         super().__init__(413, "request body too large")
-
-
-class AsciiJSONResponse(JSONResponse):
-    """JSON responses escaped to ASCII.
-
-    Lone surrogates and NUL in payloads render as escapes instead of failing to encode,
-    so payloads round-trip exactly.
-    """
-
-    def render(self, content: Any) -> bytes:
-        """Serialise like the stored payloads (``app.core.json``)."""
-        return stdjson.dumps(
-            content, ensure_ascii=True, allow_nan=False, separators=(",", ":")
-        ).encode("ascii")
 
 
 def create_app(

@@ -12,6 +12,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from app.api.responses import AsciiJSONResponse
 from app.core import errors, metrics
 from app.core.json import MAX_DEPTH
 from app.db.faults import DbFault, classify
@@ -114,7 +115,8 @@ def problem(
     }
     if instance is not None:
         body["instance"] = instance
-    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+    # ASCII-escaped like every JSON view: a detail quoting a lone surrogate still encodes.
+    return AsciiJSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
 
 
 async def _treadle_error(request: Request, exc: Exception) -> JSONResponse:

@@ -225,8 +225,11 @@ class Step(BaseModel):
     name: str
     status: str
     reason: str | None = Field(
-        description="How the step ended (succeeded, failure_…, canceled_by_request); "
-        "null while it has not."
+        description="How the step ended, a RunReason: succeeded, failure_… (failed or "
+        "timed out), rejected_by_approver (a rejected approval, status failed), "
+        "canceled_by_request (the run was cancelled) or canceled_by_failure (the run "
+        "failed while the step was unfinished, e.g. a parallel branch failed); null while "
+        "it has not ended."
     )
     attempt: int
     max_attempts: int

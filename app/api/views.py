@@ -9,6 +9,7 @@ from sqlalchemy import RowMapping
 from app.api import schemas
 from app.core import json
 from app.core.status import EventKind, RunReason
+from app.core.text import printable
 from app.db.queries.steps import step_reason
 
 # Events whose data never holds a payload: kept on a redacted run so the timeline still
@@ -31,6 +32,24 @@ def is_redacted(run: RowMapping) -> bool:
     input, output, step results, errors of user code or event data again.
     """
     return bool(run["reason"] == RunReason.FAILURE_AUTHORIZATION.value)
+
+
+def withheld_outputs(run: RowMapping) -> frozenset[str]:
+    """Step ids whose ``output`` no view of this run shows.
+
+    A state machine that failed ``failure_corrupt_state`` could not decode the state its
+    transition step journaled (the run error's ``step_id``): that output is withheld from
+    steps and reports as ``state`` is from the snapshot (docs/api.md), since its fields
+    are exactly what no longer validates and may hold what a renamed field used to mean.
+    """
+    if run["reason"] != RunReason.FAILURE_CORRUPT_STATE.value:
+        return frozenset()
+    try:
+        error = json.loads(run["error"])
+    except ValueError:
+        return frozenset()
+    step_id = error.get("step_id") if isinstance(error, dict) else None
+    return frozenset({step_id}) if isinstance(step_id, str) else frozenset()
 
 
 def run_view(
@@ -80,8 +99,14 @@ def run_view(
     )
 
 
-def step_view(row: RowMapping, redacted: bool = False) -> schemas.Step:
-    """Build a :class:`schemas.Step` from a ``steps`` row (see :func:`is_redacted`)."""
+def step_view(
+    row: RowMapping, redacted: bool = False, withheld: frozenset[str] = frozenset()
+) -> schemas.Step:
+    """Build a :class:`schemas.Step` from a ``steps`` row.
+
+    ``redacted`` withholds every payload (see :func:`is_redacted`); ``withheld`` names
+    steps whose output alone is withheld (see :func:`withheld_outputs`).
+    """
     duration = None
     if row["started_at"] is not None and row["finished_at"] is not None:
         duration = (row["finished_at"] - row["started_at"]).total_seconds() * 1000.0
@@ -94,7 +119,7 @@ def step_view(row: RowMapping, redacted: bool = False) -> schemas.Step:
         reason=step_reason(row["status"], row["error"]),
         attempt=row["attempt"],
         max_attempts=row["max_attempts"],
-        output=None if redacted else json.loads(row["output"]),
+        output=None if redacted or row["step_id"] in withheld else json.loads(row["output"]),
         error=None if redacted else json.loads(row["error"]),
         next_attempt_at=row["next_attempt_at"],
         deadline=row["deadline"],
@@ -142,9 +167,13 @@ def _short(value: Any, limit: int = 120) -> str:
 
 
 def render_report_text(report: schemas.RunReport) -> str:
-    """Render the operator's report as four plain-text sections for a terminal.
+    r"""Render the operator's report as four plain-text sections for a terminal.
 
-    Sections: RUN, STEPS, TIMELINE, DEAD LETTERS. Times are UTC ISO 8601.
+    Sections: RUN, STEPS, TIMELINE, DEAD LETTERS. Times are UTC ISO 8601. Every line
+    goes through :func:`app.core.text.printable`: whatever a message, step name or
+    payload holds (a lone surrogate, NUL, a line break, ESC, an RTL override) shows as a
+    ``\uXXXX`` escape inside its line, so the text always encodes as UTF-8 and no value
+    can forge a line or a section.
     """
     r = report.run
     lines = [
@@ -185,9 +214,11 @@ def render_report_text(report: schemas.RunReport) -> str:
     for s in report.steps:
         duration = f"{s.duration_ms:.1f} ms" if s.duration_ms is not None else "-"
         position = "undo" if s.kind == "compensation" else str(s.seq)
+        # How it ended, unless plainly: a cancel's or a rejection's reason is news.
+        ended = f"  ({s.reason})" if s.reason and s.reason != s.status else ""
         lines.append(
             f"{position:>4}  {s.step_id:<32} {s.status:<12} attempt {s.attempt}/"
-            f"{s.max_attempts}  {duration}"
+            f"{s.max_attempts}  {duration}{ended}"
         )
         if s.error is not None and isinstance(s.error, dict):
             lines.append(
@@ -219,4 +250,4 @@ def render_report_text(report: schemas.RunReport) -> str:
                 f"      requeued {d.requeued_at.isoformat()} by {d.requeued_by}: "
                 f"{d.requeue_reason} (correlation {d.correlation_id})"
             )
-    return "\n".join(lines) + "\n"
+    return "\n".join(printable(line) for line in lines) + "\n"

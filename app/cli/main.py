@@ -19,6 +19,7 @@ from app.cli.check import check as check_command
 from app.cli.schedules import schedules_app
 from app.cli.tenants import tenants_app
 from app.core.settings import AuthMode, Settings, format_settings_error
+from app.core.text import printable
 
 if TYPE_CHECKING:
     from app.db.database import Database
@@ -56,7 +57,7 @@ EXAMPLE_HANDLERS = [
 
 
 def _fail(message: str, code: int = 2) -> NoReturn:
-    typer.secho(message, fg=typer.colors.RED, err=True)
+    typer.secho(printable(message, keep="\n"), fg=typer.colors.RED, err=True)
     raise typer.Exit(code)
 
 
@@ -448,11 +449,16 @@ def _client(url: str, tok: str | None) -> httpx.Client:
 
 
 def _show(resp: httpx.Response) -> None:
-    """Print a response (JSON pretty, text as is); exit 1 on an error status."""
+    """Print a response (JSON pretty, text as is); exit 1 on an error status.
+
+    Both go through :func:`app.core.text.printable`: a lone surrogate in a payload cannot
+    crash the terminal's encoder, nor ESC or an RTL override rewrite the screen. In JSON
+    the escapes land inside strings, so the output stays valid, equal JSON.
+    """
     if resp.headers.get("content-type", "").startswith("text/plain"):
-        typer.echo(resp.text, nl=False)
+        typer.echo(printable(resp.text, keep="\n"), nl=False)
     else:
-        typer.echo(stdjson.dumps(resp.json(), indent=2, ensure_ascii=False))
+        typer.echo(printable(stdjson.dumps(resp.json(), indent=2, ensure_ascii=False), keep="\n"))
     if resp.status_code >= 400:
         raise typer.Exit(1)
 
@@ -662,7 +668,7 @@ def main() -> None:
 
 
 def _fail_plain(message: str) -> NoReturn:
-    typer.secho(message, fg=typer.colors.RED, err=True)
+    typer.secho(printable(message, keep="\n"), fg=typer.colors.RED, err=True)
     raise SystemExit(2)
 
 

@@ -13,6 +13,8 @@ from typing import TYPE_CHECKING, Annotated
 
 import typer
 
+from app.core.text import printable
+
 if TYPE_CHECKING:
     from app.engine.tenants import TenantService, TenantState
 
@@ -38,7 +40,8 @@ def _line(state: TenantState) -> str:
         else "never changed"
     )
     reason = f"  reason: {state.reason}" if state.reason else ""
-    return f"{state.tenant_id}  {state.status}  {changed}{reason}"
+    # The reason is any text an operator typed: escaped, so it cannot forge a line.
+    return printable(f"{state.tenant_id}  {state.status}  {changed}{reason}")
 
 
 @tenants_app.command("list")

@@ -23,6 +23,73 @@ def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
 
 
+def canonical_dumps(value: Any) -> str:
+    """Encode a JSON value canonically: equal JSON values give equal text.
+
+    For comparing requests, never for storing them (payloads are kept as given). Object
+    keys are sorted (by code point, as RFC 8785 does); numbers take one form per value: an
+    integral float is written as the integer it equals (``1``, ``1.0`` and ``1e0`` are all
+    ``1``; ``-0.0`` is ``0``, as JSON's ``-0`` already parses to the integer 0), other
+    floats in their shortest round-trip form, integers of any size exactly. Strings are
+    compared exactly, code point for code point: Unicode normalization is not equality
+    (``"é"`` precomposed and ``"é"`` decomposed are different requests). Booleans stay
+    booleans (``true`` is not ``1``).
+
+    Raises:
+        TypeError / ValueError: as :func:`dumps` (not JSON-serialisable, NaN).
+    """
+    return json.dumps(
+        _canonical(value),
+        ensure_ascii=True,
+        separators=(",", ":"),
+        allow_nan=False,
+        sort_keys=True,
+    )
+
+
+def _canonical_key(key: Any) -> Any:
+    # JSON object keys are strings; json.dumps turns int/float/bool/None keys into their
+    # JSON text, and so does this, so that sorting never compares a str with an int.
+    if isinstance(key, str):
+        return key
+    if key is None or isinstance(key, bool | int | float):
+        return json.dumps(_canonical(key))
+    return key  # not JSON: json.dumps raises TypeError for it
+
+
+def _canonical(value: Any) -> Any:
+    # Iterative (no recursion limit): payloads may nest up to MAX_DEPTH levels and the
+    # caller may not have checked yet. Builds a copy with numbers in one form.
+    if isinstance(value, bool) or value is None or isinstance(value, str | int):
+        return value
+    if isinstance(value, float):
+        return _canonical_float(value)
+    root: list[Any] = [None]
+    stack: list[tuple[Any, Any, Any]] = [(value, root, 0)]
+    while stack:
+        item, parent, slot = stack.pop()
+        if isinstance(item, dict):
+            built: Any = {}
+            for key, child in item.items():
+                built[_canonical_key(key)] = None
+                stack.append((child, built, _canonical_key(key)))
+        elif isinstance(item, list | tuple):
+            built = [None] * len(item)
+            stack.extend((child, built, i) for i, child in enumerate(item))
+        elif isinstance(item, float) and not isinstance(item, bool):
+            built = _canonical_float(item)
+        else:
+            built = item
+        parent[slot] = built
+    return root[0]
+
+
+def _canonical_float(value: float) -> int | float:
+    if value.is_integer():
+        return int(value)  # also -0.0 -> 0
+    return value  # NaN and Infinity stay, for dumps to refuse
+
+
 def loads(text: str | None) -> Any:
     """Decode JSON text written by :func:`dumps`; ``None`` stays ``None``."""
     if text is None:

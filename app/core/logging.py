@@ -4,10 +4,24 @@ from __future__ import annotations
 
 import logging
 import sys
+from typing import Any
 
 import structlog
 
 from app.core.settings import LogFormat, Settings
+from app.core.text import printable
+
+
+def _printable_values(
+    logger: Any, method: str, event: structlog.typing.EventDict
+) -> structlog.typing.EventDict:
+    # A traceback keeps its line breaks (they are its layout, not a value's).
+    return {
+        key: printable(value, keep="\n" if key == "exception" else "")
+        if isinstance(value, str)
+        else value
+        for key, value in event.items()
+    }
 
 
 def configure_logging(settings: Settings) -> None:
@@ -16,10 +30,13 @@ def configure_logging(settings: Settings) -> None:
     Records carry bound context (run id, step id, workflow, worker id) as fields.
     """
     level = logging.getLevelNamesMapping().get(settings.log_level.upper(), logging.INFO)
-    renderer: structlog.typing.Processor = (
-        structlog.processors.JSONRenderer()
+    # JSON escapes every string itself (ASCII); the console has no escapes, so values are
+    # made printable first: a message holding a line break, ESC or an RTL override can
+    # neither forge a record nor drive the terminal.
+    readable: list[structlog.typing.Processor] = (
+        []
         if settings.log_format == LogFormat.JSON
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        else [_printable_values, structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())]
     )
     structlog.configure(
         processors=[
@@ -27,7 +44,7 @@ def configure_logging(settings: Settings) -> None:
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="iso", utc=True),
             structlog.processors.format_exc_info,
-            renderer,
+            *(readable or [structlog.processors.JSONRenderer()]),
         ],
         wrapper_class=structlog.make_filtering_bound_logger(level),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),

@@ -34,7 +34,13 @@ TERMINAL_RUN_STATUSES = frozenset(
 
 
 class RunReason(StrEnum):
-    """Why a terminal run ended the way it did."""
+    """Why a terminal run ended the way it did; also how a step ended (docs/api.md).
+
+    Two values are only ever a step's, never a run's: ``canceled_by_failure`` (the step
+    was unfinished when its run failed: a parallel branch or the body failed, and the
+    step was cancelled with it) and ``rejected_by_approver`` (an approval step whose
+    decision was a rejection; its status is ``failed``).
+    """
 
     SUCCEEDED = "succeeded"
     CANCELED_BY_REQUEST = "canceled_by_request"
@@ -45,6 +51,8 @@ class RunReason(StrEnum):
     FAILURE_TRANSITIONS_EXHAUSTED = "failure_transitions_exhausted"
     FAILURE_AUTHORIZATION = "failure_authorization"
     FAILURE_CORRUPT_STATE = "failure_corrupt_state"
+    CANCELED_BY_FAILURE = "canceled_by_failure"
+    REJECTED_BY_APPROVER = "rejected_by_approver"
 
 
 class StepStatus(StrEnum):

@@ -55,8 +55,7 @@ class SubmitRequest:
     delay: float | None = None
     priority: int = 0
 
-    def fingerprint(self) -> str:
-        """SHA-256 of the request as given; an idempotent retry must match it exactly."""
+    def _fingerprint_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
             "workflow": self.workflow,
             "version": self.version,
@@ -67,7 +66,30 @@ class SubmitRequest:
         # Only when set, so runs submitted before priorities existed keep their hash.
         if self.priority:
             fields["priority"] = self.priority
-        return hashlib.sha256(json.dumps(fields).encode()).hexdigest()
+        return fields
+
+    def fingerprint(self) -> str:
+        """SHA-256 (hex) of the request's canonical JSON: what an idempotent retry matches.
+
+        Every field that decides the run enters it (workflow, version, input, concurrency
+        key, delay, priority), encoded by :func:`app.core.json.canonical_dumps`: the same
+        JSON in another key order or number spelling (``1``, ``1.0``, ``1e0``) is the same
+        request, while strings compare exactly (docs/api.md, idempotency keys).
+        """
+        return hashlib.sha256(json.canonical_dumps(self._fingerprint_fields()).encode()).hexdigest()
+
+    def legacy_fingerprint(self) -> str:
+        """The fingerprint runs stored before it was canonical (docs/adr/0012).
+
+        SHA-256 of the request as given (key order and number spelling included). A retry
+        of such a run matches when it repeats the original request byte for byte, as it
+        did then; new runs store :meth:`fingerprint` only.
+        """
+        return hashlib.sha256(json.dumps(self._fingerprint_fields()).encode()).hexdigest()
+
+    def matches(self, stored: str | None) -> bool:
+        """Whether a run's stored ``request_hash`` is this request's (either algorithm)."""
+        return stored is not None and stored in (self.fingerprint(), self.legacy_fingerprint())
 
 
 @dataclass(frozen=True, slots=True)
@@ -408,7 +430,7 @@ async def _replay(
         raise IdempotencyConflict(
             f"idempotency key {request.idempotency_key!r} was already used for a different request"
         )
-    if existing["request_hash"] != fingerprint:
+    if existing["request_hash"] != fingerprint and not request.matches(existing["request_hash"]):
         raise IdempotencyConflict(
             f"idempotency key {request.idempotency_key!r} was already used for a "
             "different request (workflow, version, input or options differ)",

@@ -19,7 +19,7 @@ from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
-from app.core.status import EventKind, RunStatus, StepStatus
+from app.core.status import EventKind, RunReason, RunStatus, StepStatus
 from app.db.queries import approvals as approvals_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
@@ -139,14 +139,18 @@ async def _finish(
     output: str | None,
     event: EventKind,
     data: dict[str, Any],
+    error: dict[str, Any] | None = None,
 ) -> None:
+    # A step that did not succeed records why: ``error`` if given, else the event data.
+    if error is None and status != StepStatus.SUCCEEDED:
+        error = data
     await steps_q.finish_attempt(
         conn,
         run_id=ex.run_id,
         step_id=step_id,
         status=status,
         output=output,
-        error=None if status == StepStatus.SUCCEEDED else json.dumps(data),
+        error=None if error is None else json.dumps(error),
         fence=ex.fence,
     )
     await events_q.append(
@@ -298,8 +302,16 @@ async def approval(
     config: ApprovalConfig,
     on_reject: Callable[[ApprovalDecision], Any] | None,
 ) -> ApprovalDecision:
-    """``ctx.approval``: wait until enough approvers approve, one rejects, or it times out."""
-    if entry is not None and entry["status"] == StepStatus.SUCCEEDED:
+    """``ctx.approval``: wait until enough approvers approve, one rejects, or it times out.
+
+    The journal keeps the decision as the step's output either way: ``succeeded`` when
+    approved, ``failed`` with reason ``rejected_by_approver`` when rejected (runs journaled
+    before rejections were ``failed`` show theirs as ``succeeded``; both replay alike).
+    """
+    if entry is not None and (
+        entry["status"] == StepStatus.SUCCEEDED
+        or (entry["status"] == StepStatus.FAILED and entry["output"] is not None)
+    ):
         decision = ApprovalDecision.model_validate(json.loads(entry["output"]))
     elif entry is not None and entry["status"] == StepStatus.TIMED_OUT:
         raise WaitTimedOut(step_id, "approval", entry["deadline"].isoformat())
@@ -312,6 +324,18 @@ async def approval(
         await ctx.step(on_reject, decision, name=f"{step_id}.on_reject")
         return decision
     raise ApprovalRejected(step_id, decision.decided_by[-1], decision.comment)
+
+
+def _rejection(step_id: str, decision: ApprovalDecision) -> dict[str, Any]:
+    # The rejected approval step's error: who rejected and why, in ApprovalRejected's
+    # words, with the step reason docs/api.md lists for it.
+    rejected = ApprovalRejected(step_id, decision.decided_by[-1], decision.comment)
+    return {
+        "type": "ApprovalRejected",
+        "message": rejected.message,
+        "reason": RunReason.REJECTED_BY_APPROVER.value,
+        "decided_by": decision.decided_by,
+    }
 
 
 async def _await_decision(
@@ -354,10 +378,11 @@ async def _await_decision(
                 ex,
                 conn,
                 step_id,
-                StepStatus.SUCCEEDED,
+                StepStatus.SUCCEEDED if decided.approved else StepStatus.FAILED,
                 json.dumps(decided.model_dump(mode="json")),
                 EventKind.APPROVAL_RESOLVED,
                 {"approved": decided.approved, "decided_by": decided.decided_by},
+                error=None if decided.approved else _rejection(step_id, decided),
             )
             outcome["decision"] = decided
         elif deadline is not None and deadline <= ex.db_now():

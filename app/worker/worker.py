@@ -320,8 +320,23 @@ class Worker:
                     output=None,
                     error=error_text,
                 )
-                # Branches still mid-attempt when the body ended were cancelled.
-                await steps_q.cancel_running(conn, run_id)
+                # Branches still mid-attempt when the body ended were cancelled: by the
+                # cancel request the run was carrying out, else by the run's failure.
+                if (
+                    outcome.reason == RunReason.CANCELED_BY_REQUEST
+                    or row["status"] == RunStatus.CANCELLING.value
+                ):
+                    await steps_q.cancel_running(conn, run_id)
+                else:
+                    failed_at = error.get("step_id")
+                    await steps_q.cancel_running(
+                        conn,
+                        run_id,
+                        RunReason.CANCELED_BY_FAILURE,
+                        f"cancelled: the run failed ({outcome.reason.value}"
+                        + (f" at step {failed_at!r}" if failed_at else "")
+                        + ") while this step was unfinished",
+                    )
                 kind = {
                     RunStatus.CANCELLED: EventKind.RUN_CANCELLED,
                     RunStatus.COMPENSATED: EventKind.RUN_COMPENSATED,

@@ -350,7 +350,7 @@ async def test_long_retry_releases_the_run_until_due(
     assert calls[f"retry-{n}"] == 3
     assert row["attempt"] == 3  # claimed once per attempt
     async with db.read() as conn:
-        events = await events_q.list_events(conn, run_id, after_id=None, limit=100)
+        events = await events_q.list_events(conn, TENANT, run_id, after_id=None, limit=100)
     released = [e for e in events if e["kind"] == "run_released"]
     assert len(released) == 2
     assert all('"waiting_on":"retry"' in e["data"] for e in released)

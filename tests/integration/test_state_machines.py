@@ -10,6 +10,7 @@ the typed state; a submission without a parent is 422.
 
 from __future__ import annotations
 
+import json
 import uuid
 from typing import Any
 
@@ -270,8 +271,70 @@ async def test_dead_ends_write_dead_letters_without_payloads(
         assert len(await _rows(db, "p-forever")) == 5  # max_transitions rows, each once
         assert await _rows(db, "p-fails") == []  # both attempts rolled back
         snapshot = (await client.get(f"/runs/{corrupt}")).json()
-        assert snapshot["state"] == {"name": "Vanished", "fields": {"secret": SECRET}}
+        assert snapshot["state"] is None  # undecodable: withheld (docs/api.md, state)
         assert "'Vanished' is not a variant of Job" in snapshot["error"]["message"]
+
+
+TAMPERED = "tampered-field-value"
+"""Written into a journaled state by the test: no view may show it once it is corrupt."""
+
+
+async def test_corrupt_state_is_withheld_from_every_view(settings: Settings, db: Database) -> None:
+    async with db.write() as conn:
+        await REGISTRY.register(conn)
+    tampered = {
+        # An unknown variant, and a known variant whose fields no longer validate.
+        "p-vanished": {"name": "Vanished", "fields": {"note": TAMPERED}},
+        "p-mistyped": {"name": "Counting", "fields": {"n": TAMPERED, "secret": TAMPERED}},
+    }
+    async with api_client(settings, db, TENANT) as client, workers(settings, db, REGISTRY):
+        started = {parent: await _start(client, "sm-slow", parent) for parent in tampered}
+        for parent, run_id in started.items():
+            await reach(db, TENANT, run_id, "waiting_timer")
+            async with db.write() as conn:
+                await conn.execute(
+                    update(steps)
+                    .where(steps.c.run_id == run_id, steps.c.step_id == "transition-1:Start")
+                    .values(output=json.dumps(tampered[parent]))
+                )
+            # Before the worker looks again: an unregistered variant is not shown either.
+            if parent == "p-vanished":
+                waiting = (await client.get(f"/runs/{run_id}")).json()
+                assert (waiting["status"], waiting["state"]) == ("waiting_timer", None)
+            async with db.write() as conn:
+                past = now_plus(conn.dialect.name, -1)
+                await conn.execute(
+                    update(steps)
+                    .where(steps.c.run_id == run_id, steps.c.step_id == "sleep")
+                    .values(deadline=past)
+                )
+                await conn.execute(
+                    update(runs).where(runs.c.run_id == run_id).values(available_at=past)
+                )
+        for parent, run_id in started.items():
+            row = await reach(db, TENANT, run_id, "failed", "completed")
+            assert (row["status"], row["reason"]) == ("failed", "failure_corrupt_state"), parent
+            snapshot = (await client.get(f"/runs/{run_id}")).json()
+            assert snapshot["state"] is None, parent
+            assert snapshot["error"]["step_id"] == "transition-1:Start"
+            report = await client.get(f"/runs/{run_id}/report")
+            assert report.json()["run"]["state"] is None
+            listed = (await client.get(f"/runs/{run_id}/steps")).json()["items"]
+            transition = next(s for s in listed if s["step_id"] == "transition-1:Start")
+            assert transition["output"] is None, "the undecodable state is the step's output"
+            reads = {
+                "snapshot": await client.get(f"/runs/{run_id}"),
+                "list": await client.get("/runs", params={"workflow": "sm-slow"}),
+                "steps": await client.get(f"/runs/{run_id}/steps"),
+                "events": await client.get(f"/runs/{run_id}/events"),
+                "report json": report,
+                "report text": await client.get(f"/runs/{run_id}/report?format=text"),
+                "result": await client.get(f"/runs/{run_id}/result"),
+                "dead letters": await client.get("/dead-letters"),
+            }
+            for what, resp in reads.items():
+                assert resp.status_code == 200, (what, resp.text)
+                assert TAMPERED not in resp.text, (parent, what)
 
 
 async def test_cancel_runs_the_compensation_in_a_transaction(

@@ -9,7 +9,6 @@ from datetime import UTC, datetime
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
-from fastapi.responses import PlainTextResponse
 from pydantic import ValidationError
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -30,6 +29,7 @@ from app.api.deps import (
 from app.api.links import RUN_LINKS
 from app.api.pagination import INT32_MAX, decode_token, encode_token, int_position
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
+from app.api.responses import SafeTextResponse
 from app.api.views import (
     dead_letter_view,
     event_view,
@@ -37,6 +37,7 @@ from app.api.views import (
     render_report_text,
     run_view,
     step_view,
+    withheld_outputs,
 )
 from app.auth.principal import Principal
 from app.core import metrics
@@ -228,7 +229,7 @@ async def get_run(
     """
     async with db.read() as conn:
         row = await visible_run(conn, principal, parse_run_id(run_id), tenant)
-        counts = await steps_q.count_by_status(conn, row["run_id"])
+        counts = await steps_q.count_by_status(conn, row["tenant_id"], row["run_id"])
         blocked = await _blocked(conn, row, settings)
         state = await states_q.current_state(conn, row)
     return run_view(row, counts, blocked, state)
@@ -306,9 +307,11 @@ async def list_run_steps(
 
     A typed DAG's run lists one step per node (named after the node). ``status`` and
     ``reason`` filter; a step's ``reason`` is how it ended (``succeeded``, the
-    ``failure_…`` reason of a failed or timed-out step, ``canceled_by_request``), null
-    while it has not. Pagination is keyset-based on call order, so pages are stable while
-    the run adds steps; ``page_token`` is opaque and only valid with the same filters.
+    ``failure_…`` reason of a failed or timed-out step, ``rejected_by_approver`` for a
+    rejected approval, ``canceled_by_request`` or, when the run failed while the step was
+    unfinished, ``canceled_by_failure``), null while it has not. Pagination is
+    keyset-based on call order, so pages are stable while the run adds steps;
+    ``page_token`` is opaque and only valid with the same filters.
     """
     rid = parse_run_id(run_id)
     scope = f"steps:{rid}"
@@ -333,8 +336,9 @@ async def list_run_steps(
     if len(rows) > limit:
         token = encode_token(principal.tenant_id, scope, filters, int(rows[limit - 1]["seq"]))
     redacted = is_redacted(run)
+    withheld = withheld_outputs(run)
     return schemas.StepPage(
-        items=[step_view(r, redacted) for r in rows[:limit]], next_page_token=token
+        items=[step_view(r, redacted, withheld) for r in rows[:limit]], next_page_token=token
     )
 
 
@@ -358,7 +362,9 @@ async def list_run_events(
     after = int_position(page_token, principal.tenant_id, scope)
     async with db.read() as conn:
         run = await visible_run(conn, principal, rid, tenant)
-        rows = await events_q.list_events(conn, rid, after_id=after, limit=limit + 1)
+        rows = await events_q.list_events(
+            conn, run["tenant_id"], rid, after_id=after, limit=limit + 1
+        )
     token = None
     if len(rows) > limit:
         token = encode_token(principal.tenant_id, scope, {}, int(rows[limit - 1]["event_id"]))
@@ -402,20 +408,24 @@ async def get_run_report(
     rid = parse_run_id(run_id)
     async with db.read() as conn:
         row = await visible_run(conn, principal, rid, tenant)
-        counts = await steps_q.count_by_status(conn, rid)
+        # Every section reads the run's own tenant: on an admin's ``?tenant=`` read that
+        # is not the caller's, and the caller's would find no rows.
+        owner_tenant: str = row["tenant_id"]
+        counts = await steps_q.count_by_status(conn, owner_tenant, rid)
         blocked = await _blocked(conn, row, settings)
         state = await states_q.current_state(conn, row)
-        step_rows = await steps_q.list_steps(
-            conn, principal.tenant_id, rid, after_seq=None, limit=10_000
+        step_rows = await steps_q.list_steps(conn, owner_tenant, rid, after_seq=None, limit=10_000)
+        event_rows = await events_q.list_events(
+            conn, owner_tenant, rid, after_id=None, limit=events_limit + 1
         )
-        event_rows = await events_q.list_events(conn, rid, after_id=None, limit=events_limit + 1)
-        dl_rows = await dl_q.list_for_run(conn, rid)
+        dl_rows = await dl_q.list_for_run(conn, owner_tenant, rid)
         now = await fetch_now(conn, db.dialect)
     redacted = is_redacted(row)
+    withheld = withheld_outputs(row)
     report = schemas.RunReport(
         generated_at=now,
         run=run_view(row, counts, blocked, state),
-        steps=[step_view(s, redacted) for s in step_rows],
+        steps=[step_view(s, redacted, withheld) for s in step_rows],
         events=[event_view(e, redacted) for e in event_rows[:events_limit]],
         events_truncated=len(event_rows) > events_limit,
         dead_letters=[dead_letter_view(d) for d in dl_rows],
@@ -424,7 +434,7 @@ async def get_run_report(
         format is None and "text/plain" in request.headers.get("accept", "")
     )
     if wants_text:
-        return PlainTextResponse(render_report_text(report))
+        return SafeTextResponse(render_report_text(report))
     return report
 
 

@@ -39,11 +39,13 @@ async def insert_dead_letter(
     return dead_letter_id
 
 
-async def list_for_run(conn: AsyncConnection, run_id: uuid.UUID) -> Sequence[RowMapping]:
-    """Every dead letter of one run, oldest first."""
+async def list_for_run(
+    conn: AsyncConnection, tenant_id: str, run_id: uuid.UUID
+) -> Sequence[RowMapping]:
+    """Every dead letter of one of the tenant's runs (the run's own tenant), oldest first."""
     stmt = (
         select(dead_letters)
-        .where(dead_letters.c.run_id == run_id)
+        .where(dead_letters.c.run_id == run_id, dead_letters.c.tenant_id == tenant_id)
         .order_by(dead_letters.c.created_at)
     )
     return (await conn.execute(stmt)).mappings().all()

@@ -48,10 +48,14 @@ def _append_stmt(dialect: str) -> Any:
 
 
 async def list_events(
-    conn: AsyncConnection, run_id: uuid.UUID, *, after_id: int | None, limit: int
+    conn: AsyncConnection, tenant_id: str, run_id: uuid.UUID, *, after_id: int | None, limit: int
 ) -> Sequence[RowMapping]:
-    """A page of a run's events, oldest first (keyset on ``event_id``)."""
-    stmt = select(events).where(events.c.run_id == run_id)
+    """A page of a tenant's run's events, oldest first (keyset on ``event_id``).
+
+    ``tenant_id`` is the run's own tenant (``run["tenant_id"]`` of the loaded run), which
+    is not the caller's on an admin's ``?tenant=`` read.
+    """
+    stmt = select(events).where(events.c.run_id == run_id, events.c.tenant_id == tenant_id)
     if after_id is not None:
         stmt = stmt.where(events.c.event_id > after_id)
     return (await conn.execute(stmt.order_by(events.c.event_id).limit(limit))).mappings().all()

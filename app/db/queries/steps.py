@@ -158,18 +158,54 @@ async def reset_interrupted(conn: AsyncConnection, run_id: uuid.UUID) -> None:
     )
 
 
-async def cancel_running(conn: AsyncConnection, run_id: uuid.UUID) -> None:
-    """Mark the run's in-flight and waiting steps ``cancelled`` (the run ended)."""
-    await conn.execute(
-        update(steps)
-        .where(
-            steps.c.run_id == run_id,
-            steps.c.status.in_(
-                [StepStatus.RUNNING.value, StepStatus.RETRY_WAIT.value, StepStatus.WAITING.value]
-            ),
-        )
-        .values(status=StepStatus.CANCELLED.value, finished_at=now_expr(conn.dialect.name))
+async def cancel_running(
+    conn: AsyncConnection,
+    run_id: uuid.UUID,
+    reason: RunReason = RunReason.CANCELED_BY_REQUEST,
+    message: str | None = None,
+) -> None:
+    """Mark the run's in-flight and waiting steps ``cancelled`` (the run ended).
+
+    Args:
+        conn: in the transaction that ends (or starts cancelling) the run.
+        run_id: the run.
+        reason: why they were cancelled, the steps' ``reason`` from now on:
+            ``canceled_by_request`` (the default, nothing recorded) for a cancel;
+            ``canceled_by_failure`` when the run failed while they were unfinished.
+        message: what happened, recorded with any other reason in the step's ``error``
+            (``{"type": "Cancelled", "message", "reason"}``, plus ``last_error``: the
+            error of the attempt before, e.g. of a step waiting to retry).
+    """
+    unfinished = steps.c.status.in_(
+        [StepStatus.RUNNING.value, StepStatus.RETRY_WAIT.value, StepStatus.WAITING.value]
     )
+    now = now_expr(conn.dialect.name)
+    if reason == RunReason.CANCELED_BY_REQUEST:
+        await conn.execute(
+            update(steps)
+            .where(steps.c.run_id == run_id, unfinished)
+            .values(status=StepStatus.CANCELLED.value, finished_at=now)
+        )
+        return
+    # A few rows (the run's unfinished branches): each keeps its own last error.
+    rows = (
+        await conn.execute(
+            select(steps.c.step_id, steps.c.error).where(steps.c.run_id == run_id, unfinished)
+        )
+    ).all()
+    for step_id, previous in rows:
+        error: dict[str, Any] = {
+            "type": "Cancelled",
+            "message": message or f"cancelled: {reason.value}",
+            "reason": reason.value,
+        }
+        if previous is not None:
+            error["last_error"] = json.loads(previous)
+        await conn.execute(
+            update(steps)
+            .where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+            .values(status=StepStatus.CANCELLED.value, finished_at=now, error=json.dumps(error))
+        )
 
 
 # A step's reason, in the run-reason vocabulary: how the step itself ended. Derived from
@@ -181,24 +217,29 @@ _SUCCEEDED_STATUSES = (
     StepStatus.COMPENSATED,
     StepStatus.COMPENSATION_FAILED,
 )
-_DEFAULT_FAILURE = {
+# Ended steps whose error may record how (``error.reason``), and the reason when not:
+# failures by their class, a rejected approval ``rejected_by_approver``, a step cancelled
+# with its failing run ``canceled_by_failure`` (app/db/queries/steps.py:cancel_running).
+_DEFAULT_RECORDED = {
     StepStatus.FAILED: RunReason.FAILURE_NON_RETRYABLE,
     StepStatus.TIMED_OUT: RunReason.FAILURE_TIMED_OUT,
+    StepStatus.CANCELLED: RunReason.CANCELED_BY_REQUEST,
 }
 
 
 def step_reason(status: str, error: str | None) -> str | None:
-    """How a step ended (``succeeded``, ``failure_…``, ``canceled_by_request``), or None.
+    """How a step ended (``succeeded``, ``failure_…``, ``canceled_by_…``, …), or None.
 
     Compensated steps keep ``succeeded`` (the step itself succeeded; its status tells the
-    undo). Unfinished steps (pending, running, retry_wait, waiting) have no reason.
+    undo). Failed, timed-out and cancelled steps take the reason their error records
+    (``failure_attempts_exhausted``, ``rejected_by_approver``, ``canceled_by_failure``…),
+    else their status's default. Unfinished steps (pending, running, retry_wait,
+    waiting) have no reason.
     """
     st = StepStatus(status)
     if st in _SUCCEEDED_STATUSES:
         return RunReason.SUCCEEDED.value
-    if st == StepStatus.CANCELLED:
-        return RunReason.CANCELED_BY_REQUEST.value
-    default = _DEFAULT_FAILURE.get(st)
+    default = _DEFAULT_RECORDED.get(st)
     if default is None:
         return None
     recorded = (json.loads(error) or {}).get("reason") if error else None
@@ -216,13 +257,9 @@ def _reason_expr(dialect: str) -> Any:
             steps.c.status.in_([s.value for s in _SUCCEEDED_STATUSES]),
             literal(RunReason.SUCCEEDED.value),
         ),
-        (
-            steps.c.status == StepStatus.CANCELLED.value,
-            literal(RunReason.CANCELED_BY_REQUEST.value),
-        ),
         *(
             (steps.c.status == st.value, func.coalesce(recorded, literal(default.value)))
-            for st, default in _DEFAULT_FAILURE.items()
+            for st, default in _DEFAULT_RECORDED.items()
         ),
         else_=null(),
     )
@@ -253,12 +290,14 @@ async def list_steps(
     return (await conn.execute(stmt.order_by(steps.c.seq).limit(limit))).mappings().all()
 
 
-async def count_by_status(conn: AsyncConnection, run_id: uuid.UUID) -> dict[str, int]:
-    """Return ``{step status: count}`` for one run."""
+async def count_by_status(
+    conn: AsyncConnection, tenant_id: str, run_id: uuid.UUID
+) -> dict[str, int]:
+    """Return ``{step status: count}`` for one of the tenant's runs (its own tenant)."""
     rows = (
         await conn.execute(
             select(steps.c.status, func.count())
-            .where(steps.c.run_id == run_id)
+            .where(steps.c.run_id == run_id, steps.c.tenant_id == tenant_id)
             .group_by(steps.c.status)
         )
     ).all()

@@ -675,7 +675,9 @@ class WorkflowTestEnv:
         """The run's timeline, oldest first."""
         run_id = (await self.get(run)).run_id
         async with self.database.read() as conn:
-            rows = await events_q.list_events(conn, run_id, after_id=None, limit=1_000_000)
+            rows = await events_q.list_events(
+                conn, self.tenant_id, run_id, after_id=None, limit=1_000_000
+            )
         return [
             EventSnapshot(
                 at=r["at"],

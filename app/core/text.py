@@ -1,0 +1,51 @@
+r"""Safe plain text: any string the JSON side accepts, rendered for a terminal or a log.
+
+JSON views escape what they must (``ensure_ascii``), so a lone surrogate, NUL or an RTL
+override in an error message, a step name or a payload round-trips there. Plain text has
+no escape syntax: a lone surrogate cannot be encoded as UTF-8 at all (the response fails
+mid-send), and control, format and bidirectional characters rewrite what a reader sees
+(``\n`` forges a report line, ESC drives the terminal, U+202E reverses the rest of the
+line). :func:`printable` escapes exactly those, the way JSON would spell them, and keeps
+every other character (accents, CJK, emoji) as it is. See docs/security.md.
+"""
+
+from __future__ import annotations
+
+import unicodedata
+
+# Unicode general categories a reader cannot see as themselves: control (Cc: C0, DEL,
+# C1), format (Cf: bidi embeddings/overrides/isolates, zero-width characters, BOM, soft
+# hyphen), surrogate (Cs: only ever lone in a Python str) and the line and paragraph
+# separators (Zl, Zp), which some viewers break lines on.
+_HIDDEN_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Zl", "Zp"})
+
+
+def _escape(char: str) -> str:
+    code = ord(char)
+    if code <= 0xFFFF:
+        return f"\\u{code:04x}"
+    # Outside the BMP, JSON's own spelling: a surrogate pair of escapes.
+    code -= 0x10000
+    return f"\\u{0xD800 + (code >> 10):04x}\\u{0xDC00 + (code & 0x3FF):04x}"
+
+
+def printable(text: str, *, keep: str = "") -> str:
+    r"""``text`` with every invisible or unencodable character escaped as ``\uXXXX``.
+
+    Args:
+        text: any string (lone surrogates and NUL included).
+        keep: characters to leave as they are (e.g. ``"\n"`` for text whose line
+            breaks are the renderer's own, such as a traceback).
+
+    Returns:
+        A string that encodes as UTF-8 and shows every character it holds: those of
+        categories Cc, Cf, Cs, Zl and Zp become ``\uXXXX`` (astral ones a surrogate pair
+        of escapes, as JSON writes them), so an escaped JSON document stays valid JSON.
+        Everything else, backslashes included, is unchanged.
+    """
+    if text.isprintable() and not keep:
+        return text  # the common case: nothing to escape (isprintable is stricter)
+    return "".join(
+        _escape(c) if c not in keep and unicodedata.category(c) in _HIDDEN_CATEGORIES else c
+        for c in text
+    )
