@@ -91,7 +91,7 @@ class Stack:
             except httpx.HTTPError:
                 return False
 
-        wait_for_sync(ready, timeout=30, what="API ready")
+        wait_for_sync(ready, timeout=90, what="API ready")
 
     def start_worker(
         self,
