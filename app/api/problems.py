@@ -48,8 +48,8 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: _problem_doc("Not found (for this tenant)"),
     422: _problem_doc("Invalid request"),
     503: _problem_doc(
-        "Database unavailable, busy, timed out or conflicting, or schema not at head; "
-        "retry after Retry-After"
+        "Database unavailable, busy, timed out or conflicting, schema not at head, or the "
+        "identity provider's keys cannot be loaded; retry after Retry-After"
     ),
 }
 """OpenAPI ``responses=`` shared by every authenticated route."""

@@ -13,6 +13,7 @@ still trickles in after its response.
 
 It subclasses uvicorn's own h11 protocol (pinned by ``uv.lock``) and uses its per-request
 state (``cycle``); ``tests/acceptance/test_slow_clients.py`` checks it over real sockets.
+Why here and not in uvicorn options: docs/adr/0013-http-edge-read-bounds-and-strict-json.md.
 """
 
 from __future__ import annotations
