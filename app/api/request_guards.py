@@ -69,11 +69,20 @@ class BodyReadTimeout:
                 complete = True
             return message
 
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
         try:
-            await self.app(scope, timed, send)
+            await self.app(scope, timed, tracked)
         except BodyTimedOut as exc:
             # Raised where no exception handler runs (another middleware reading the
             # body); inside a route FastAPI re-raises it to problems._http_error.
+            if started:
+                return  # already answering (a streamed response): the server closes
             await timeout_problem(exc.seconds, scope.get("path"))(scope, receive, send)
 
 
