@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import problems
+from app.api.request_guards import BodyReadTimeout, StrictJsonBody
 from app.api.responses import AsciiJSONResponse
 from app.api.routes import (
     admin,
@@ -249,11 +250,14 @@ def create_app(
     app.include_router(schedules.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    # Innermost first: the JSON check reads a body already bounded in size and time.
+    app.add_middleware(StrictJsonBody)
     app.add_middleware(
         BodyLimit,
         limit=settings.max_payload_bytes + _ENVELOPE_BYTES,
         header_limit=settings.max_header_bytes,
     )
+    app.add_middleware(BodyReadTimeout, seconds=settings.body_read_timeout_seconds)
     app.add_middleware(HttpMetrics)
     app.add_middleware(RequestId)
     generate = app.openapi

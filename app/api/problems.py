@@ -31,6 +31,7 @@ _STATUS: list[tuple[type[errors.TreadleError], int]] = [
     (errors.Forbidden, 403),
     (errors.CeilingExceeded, 422),
     (errors.SchemaVersionMismatch, 503),
+    (errors.IdentityProviderUnavailable, 503),
 ]
 
 
@@ -48,8 +49,8 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     404: _problem_doc("Not found (for this tenant)"),
     422: _problem_doc("Invalid request"),
     503: _problem_doc(
-        "Database unavailable, busy, timed out or conflicting, or schema not at head; "
-        "retry after Retry-After"
+        "Database unavailable, busy, timed out or conflicting, schema not at head, or the "
+        "identity provider's keys cannot be loaded; retry after Retry-After"
     ),
 }
 """OpenAPI ``responses=`` shared by every authenticated route."""
@@ -76,6 +77,7 @@ _TITLES = {
     403: "Forbidden",
     404: "Not Found",
     405: "Method Not Allowed",
+    408: "Request Timeout",
     409: "Conflict",
     413: "Content Too Large",
     415: "Unsupported Media Type",
@@ -173,9 +175,12 @@ async def _http_error(request: Request, exc: Exception) -> JSONResponse:
         return problem(
             400, "malformed_json", "request body is not valid UTF-8", instance=request.url.path
         )
-    code = {404: "not_found", 405: "method_not_allowed", 413: "payload_too_large"}.get(
-        exc.status_code, "http_error"
-    )
+    code = {
+        404: "not_found",
+        405: "method_not_allowed",
+        408: "request_timeout",
+        413: "payload_too_large",
+    }.get(exc.status_code, "http_error")
     return problem(
         exc.status_code,
         code,

@@ -4,12 +4,19 @@ from __future__ import annotations
 
 from typing import Protocol
 
+import structlog
+
 from app.auth.api_keys import is_api_key
 from app.auth.dev import DevTokens, dev_secret
 from app.auth.jwt import JwtVerifier
 from app.auth.principal import Principal
 from app.core.errors import Unauthenticated
 from app.core.settings import AuthMode, Settings
+
+log = structlog.get_logger("treadle.auth")
+
+INVALID_TOKEN = "invalid bearer token"
+"""The one detail of every refused credential (401): it never says what was wrong."""
 
 
 class ApiKeyVerifier(Protocol):
@@ -19,7 +26,8 @@ class ApiKeyVerifier(Protocol):
         """Return the key's principal (reading only).
 
         Raises:
-            Unauthenticated: unknown, malformed or revoked key.
+            Unauthenticated: unknown, malformed or revoked key (the detail is for the
+                log: the authenticator answers every refusal with one detail).
         """
         ...
 
@@ -72,24 +80,43 @@ class Authenticator:
     async def authenticate(self, token: str) -> Principal:
         """Return the token's principal, provided its tenant may act.
 
+        Every bad credential — a malformed, unknown, forged or revoked API key, a JWT
+        that is malformed, expired, of another issuer or signed by an unknown key — is
+        the same :data:`INVALID_TOKEN` 401, so a caller cannot probe which keys exist or
+        were revoked (docs/security.md). Why it was refused goes to the log
+        (``treadle.auth``, ``bearer token refused``, with ``reason``) only.
+
         Raises:
-            Unauthenticated: the token is not valid in this mode (401).
+            Unauthenticated: the token is not valid in this mode (401, one detail).
             TenantSuspended: the token's tenant is suspended (403; ``admin`` is exempt).
+            IdentityProviderUnavailable: jwt mode, the provider's keys cannot be loaded
+                (503): the token may be valid, so this is no 401.
         """
-        if is_api_key(token):
+        api_key = is_api_key(token)
+        try:
+            principal = await self._verify(token, api_key=api_key)
+        except Unauthenticated as exc:
+            log.info(
+                "bearer token refused",
+                credential="api_key" if api_key else self.mode.value,
+                reason=exc.detail,
+            )
+            raise Unauthenticated(INVALID_TOKEN) from None
+        await self._ensure_active(principal)
+        if api_key:
+            assert self._api_keys is not None
+            await self._api_keys.mark_used(principal)
+        return principal
+
+    async def _verify(self, token: str, *, api_key: bool) -> Principal:
+        if api_key:
             if self._api_keys is None:
                 raise Unauthenticated("invalid token: API keys are not enabled")
-            principal = await self._api_keys.verify(token)
-            await self._ensure_active(principal)
-            await self._api_keys.mark_used(principal)
-            return principal
+            return await self._api_keys.verify(token)
         if self._jwt is not None:
-            principal = await self._jwt.verify(token)
-        else:
-            assert self._dev is not None
-            principal = self._dev.verify(token)
-        await self._ensure_active(principal)
-        return principal
+            return await self._jwt.verify(token)
+        assert self._dev is not None
+        return self._dev.verify(token)
 
     async def _ensure_active(self, principal: Principal) -> None:
         if self._tenants is not None:

@@ -9,6 +9,7 @@ import typer
 import uvicorn
 
 from app.api.app import create_app
+from app.api.server import server_config
 from app.auth.dev import DevTokens, dev_secret
 from app.auth.principal import ALL_SCOPES
 from app.core.logging import configure_logging
@@ -30,17 +31,7 @@ async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
     db = Database(settings)
     worker = Worker(settings, db, registry)
     api = create_app(settings, db=db, on_wake=worker.wake)
-    config = uvicorn.Config(
-        api,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        access_log=False,
-        timeout_graceful_shutdown=GRACEFUL_SHUTDOWN_SECONDS,
-        # Same header ceiling as ``treadle serve`` (httptools has none).
-        http="h11",
-        h11_max_incomplete_event_size=settings.max_header_bytes,
-    )
+    config = server_config(api, settings, graceful_shutdown_seconds=GRACEFUL_SHUTDOWN_SECONDS)
     server = uvicorn.Server(config)
     token = DevTokens(dev_secret(settings)).mint(
         tenant_id="default", subject="dev", scopes=ALL_SCOPES

@@ -130,25 +130,18 @@ def serve(
     import uvicorn
 
     from app.api.app import create_app
+    from app.api.server import server_config
     from app.core.logging import configure_logging
 
     settings = load_settings(host=host, port=port)
     configure_logging(settings)
     _run(_require_schema(settings))  # a clear one-line refusal instead of a lifespan traceback
     api = create_app(settings)
-    uvicorn.run(
-        api,
-        host=settings.host,
-        port=settings.port,
-        log_level="warning",
-        access_log=False,
-        # Long-polls may wait minutes: on SIGTERM give them 5 s, then close (clients retry).
-        timeout_graceful_shutdown=5,
-        # httptools buffers headers without a limit (a 20 MB header was accepted); h11
-        # refuses a request line plus headers over this size with 400 before the app runs.
-        http="h11",
-        h11_max_incomplete_event_size=settings.max_header_bytes,
-    )
+    # Long-polls may wait minutes: on SIGTERM give them 5 s, then close (clients retry).
+    server = uvicorn.Server(server_config(api, settings, graceful_shutdown_seconds=5))
+    server.run()
+    if not server.started:
+        raise typer.Exit(3)  # as uvicorn.run: the server never started (port taken, …)
 
 
 @app.command()

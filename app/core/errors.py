@@ -147,6 +147,17 @@ class Unauthenticated(TreadleError):
     code = "unauthenticated"
 
 
+class IdentityProviderUnavailable(TreadleError):
+    """The identity provider's keys (JWKS) cannot be loaded right now (503, Retry-After).
+
+    Raised instead of a 401 when a token cannot be checked because the JWKS URL is
+    unreachable or answers garbage and no key set that could check it is cached: the
+    token may well be valid, so the client should retry, not re-authenticate.
+    """
+
+    code = "identity_provider_unavailable"
+
+
 class Forbidden(TreadleError):
     """The principal lacks a required scope (403); ``data["required_scope"]`` names it."""
 

@@ -125,6 +125,22 @@ class Settings(BaseSettings):
         "400 and the connection is closed before the app sees them (uvicorn's h11 parser, "
         "h11_max_incomplete_event_size).",
     )
+    header_read_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        le=300,
+        description="How long a client may take to send a request's line and headers, "
+        "from its first byte (or from opening the connection); then the server answers "
+        "408 and closes the connection (slowloris). `treadle serve` and `treadle dev`.",
+    )
+    body_read_timeout_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=3600,
+        description="How long a client may take to send a request's body once its headers "
+        "are in; then 408 request_timeout and the connection is closed. At the default "
+        "payload limit this asks for about 36 KB/s.",
+    )
     max_steps_per_run: int = Field(
         default=10_000,
         ge=1,

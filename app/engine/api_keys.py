@@ -137,7 +137,8 @@ class ApiKeyService:
         Writes nothing: :meth:`mark_used` records the use once the request is let in.
 
         Raises:
-            Unauthenticated: anything wrong (the detail never says which part).
+            Unauthenticated: anything wrong; the detail says which part for the log
+                (the authenticator answers every bad credential with one 401 detail).
         """
         prefix = keys.parse_prefix(token)
         if prefix is None:

@@ -189,17 +189,38 @@ def next_tick(
     spring-forward gap fires at the first instant after the gap; a fixed time inside a
     fall-back overlap fires once, at its first occurrence; wildcard-hour expressions
     follow elapsed time (every real hour, including the repeated one).
+
+    The result is always strictly after ``after``, so a schedule created, resumed or
+    re-timed at any instant never gets a first tick before it started counting. cronsim
+    starts from the *wall time* of ``after`` and reads it as its first occurrence: inside
+    the second pass through a repeated hour (``fold=1``) it would propose ticks of the
+    first pass, already gone by the clock. Those are skipped, so the result is the first
+    tick of the schedule's own tick chain that lies after ``after``
+    (docs/adr/0005-schedules.md, rule 5).
+
+    Raises:
+        RuntimeError: cronsim yielded over :data:`_MAX_STALE_TICKS` ticks at or before
+            ``after`` (not possible for a 5-field expression: a repeated hour holds at
+            most 60 of them).
     """
     if cron is None:
         assert at is not None
         at = at.astimezone(UTC)
         return at if at > after else None
-    local = after.astimezone(ZoneInfo(timezone))
-    try:
-        found = next(CronSim(cron, local))
-    except StopIteration:
-        return None
-    return found.astimezone(UTC)
+    after = after.astimezone(UTC)
+    ticks = CronSim(cron, after.astimezone(ZoneInfo(timezone)))
+    for _ in range(_MAX_STALE_TICKS):
+        try:
+            found = next(ticks).astimezone(UTC)
+        except StopIteration:
+            return None
+        if found > after:
+            return found
+    raise RuntimeError(f"cron {cron!r} in {timezone}: no tick after {after.isoformat()}")
+
+
+# At most the minutes of one repeated hour (plus room) can lie behind the start instant.
+_MAX_STALE_TICKS = 1000
 
 
 def jitter_offset(schedule_id: uuid.UUID, tick: datetime, jitter_seconds: int) -> float:

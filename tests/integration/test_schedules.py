@@ -378,3 +378,47 @@ async def test_update_recomputes_timing_and_refuses_a_taken_name(
             schedule_id=first["schedule_id"],
             changes={"state": "active"},
         )
+
+
+# New York's repeated hour on 2026-11-01: 01:00-02:00 EDT, then 01:00-02:00 EST again.
+_SECOND_PASS = datetime(2026, 11, 1, 6, 20, tzinfo=UTC)  # 01:20 EST, the second 01:20
+
+
+@pytest.mark.parametrize("cron", ["30 1 * * *", "0 1 * * *", "*/30 * * * *", "45 * * * *"])
+async def test_created_resumed_or_retimed_in_a_repeated_hour_fires_nothing_early(
+    settings: Settings, db: Database, cron: str
+) -> None:
+    """Starting to count inside the second pass of a repeated hour fires no past tick."""
+    submitter = await _setup(db, settings)
+    zone = "America/New_York"
+    created = await _create(db, submitter, _SECOND_PASS, cron=cron, timezone=zone)
+    sid = created["schedule_id"]
+    assert created["next_tick_at"] > _SECOND_PASS
+    clock = engine.VirtualClock(_SECOND_PASS)
+    scheduler = engine.Scheduler(db, settings, clock=clock)
+    assert (await scheduler.run_once()) == engine.PassResult()
+    # Paused before the repeated hour, resumed in its second pass.
+    await engine.set_paused(db, tenant_id=TENANT, schedule_id=sid, paused=True, now=_SECOND_PASS)
+    resumed_at = _SECOND_PASS + timedelta(minutes=5)
+    resumed = await engine.set_paused(
+        db, tenant_id=TENANT, schedule_id=sid, paused=False, now=resumed_at
+    )
+    assert resumed["next_tick_at"] > resumed_at
+    clock.advance(5 * 60)
+    assert (await scheduler.run_once()) == engine.PassResult()
+    # Re-timed in the second pass (a new zone-local expression).
+    retimed_at = resumed_at + timedelta(minutes=1)
+    retimed = await engine.update_schedule(
+        db,
+        submitter,
+        tenant_id=TENANT,
+        schedule_id=sid,
+        changes={"cron": "15 1 * * *"},
+        now=retimed_at,
+    )
+    assert retimed["next_tick_at"] == datetime(2026, 11, 2, 6, 15, tzinfo=UTC)
+    clock.advance(60)
+    assert (await scheduler.run_once()) == engine.PassResult()
+    assert await _fires(db, sid) == []
+    row = await _row(db, sid)
+    assert (row["fired_count"], row["missed_count"], row["skipped_count"]) == (0, 0, 0)

@@ -6,6 +6,7 @@ Unauthenticated (401).
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import hashlib
 import hmac
@@ -23,7 +24,7 @@ from joserfc.jwk import ECKey, KeySet, OKPKey, RSAKey
 
 from app.auth.jwt import JwtVerifier
 from app.auth.principal import Scope
-from app.core.errors import Unauthenticated
+from app.core.errors import IdentityProviderUnavailable, Unauthenticated
 from app.core.settings import AuthMode, Settings
 
 ISS = "https://idp.example.test/"
@@ -36,11 +37,17 @@ class Jwks:
     def __init__(self) -> None:
         self.keys: list[Any] = []
         self.fetches = 0
+        self.broken = False  # answer 503 instead of the key set
         owner = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_GET(self) -> None:
                 owner.fetches += 1
+                if owner.broken:
+                    self.send_response(503)
+                    self.send_header("Content-Length", "0")
+                    self.end_headers()
+                    return
                 body = json.dumps(KeySet(owner.keys).as_dict(private=False)).encode()
                 self.send_response(200)
                 self.send_header("Content-Type", "application/json")
@@ -210,3 +217,44 @@ def test_jwt_mode_settings_are_validated() -> None:
         Settings(auth_mode=AuthMode.JWT, jwt_issuer=ISS, jwt_audience=AUD)
     with pytest.raises(Exception, match="refused"):
         Settings(jwt_algorithms=["RS256", "HS256"])
+
+
+async def test_unreachable_jwks_is_unavailable_not_unauthenticated(jwks: Jwks) -> None:
+    rsa = RSAKey.generate_key(2048, parameters={"kid": "k1"})
+    jwks.keys = [rsa]
+    jwks.broken = True
+    verifier = JwtVerifier(settings_for(jwks.url))
+    good = sign(rsa, "RS256", "k1", claims())
+    with pytest.raises(IdentityProviderUnavailable):
+        await verifier.verify(good)  # nothing loaded yet: cannot tell, so no 401
+    jwks.broken = False
+    deadline = time.monotonic() + 10
+    while True:  # failed fetches are retried at most once a second
+        try:
+            await verifier.verify(good)
+            break
+        except IdentityProviderUnavailable:
+            assert time.monotonic() < deadline
+            await asyncio.sleep(0.1)
+    stranger = RSAKey.generate_key(2048, parameters={"kid": "k2"})
+    unknown = sign(stranger, "RS256", "k2", claims())
+    with pytest.raises(Unauthenticated):
+        await verifier.verify(unknown)  # refreshed, still unknown
+    jwks.broken = True
+    assert (await verifier.verify(good)).tenant_id == "acme"  # the last good set is kept
+    with pytest.raises(IdentityProviderUnavailable):
+        await verifier.verify(unknown)  # its refresh failed: maybe a key we cannot see
+    jwks.close()  # and now unreachable altogether
+    assert (await verifier.verify(good)).tenant_id == "acme"
+    with pytest.raises(IdentityProviderUnavailable):
+        await verifier.verify(unknown)
+
+
+async def test_concurrent_first_requests_share_one_fetch(jwks: Jwks) -> None:
+    rsa = RSAKey.generate_key(2048, parameters={"kid": "k"})
+    jwks.keys = [rsa]
+    verifier = JwtVerifier(settings_for(jwks.url, jwks_refresh_min_seconds=60))
+    good = sign(rsa, "RS256", "k", claims())
+    principals = await asyncio.gather(*(verifier.verify(good) for _ in range(20)))
+    assert {p.subject for p in principals} == {"user-1"}
+    assert jwks.fetches == 1

@@ -14,9 +14,12 @@ a scheduler pass does. Decisions (docs/adr/0005-schedules.md):
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
+from zoneinfo import ZoneInfo
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from app.core.errors import InvalidInput
 from app.engine.schedules import check_timing, jitter_offset, next_tick
@@ -154,3 +157,144 @@ def test_bad_timing_is_refused(
 ) -> None:
     with pytest.raises(InvalidInput, match=message):
         check_timing(cron, zone, at)
+
+
+# --- the first tick is after the instant a schedule starts counting (any zone, any instant)
+
+# Zones with DST rules of every shape: northern and southern hemisphere, transitions at
+# 01:00/02:00/03:00 and at midnight, a 30-minute shift (Lord Howe), a 45-minute offset
+# (Chatham), plus a zone without DST.
+DST_ZONES = [
+    "Europe/Berlin",
+    "Europe/London",
+    "America/New_York",
+    "America/Havana",
+    "America/Santiago",
+    "Australia/Sydney",
+    "Australia/Lord_Howe",
+    "Pacific/Chatham",
+    "Asia/Jerusalem",
+    "Africa/Cairo",
+    "America/St_Johns",
+    "Asia/Tokyo",
+]
+CRONS = [
+    "30 1 * * *",
+    "30 2 * * *",
+    "0 2 * * *",
+    "0 3 * * *",
+    "59 1 * * *",
+    "0 0 * * *",
+    "15 0 * * *",
+    "0 * * * *",
+    "*/30 * * * *",
+    "*/15 * * * *",
+    "*/5 1 * * *",
+    "5,35 1-3 * * *",
+    "0 1,2 * * *",
+    "45 */2 * * *",
+    "0 9 * * 1-5",
+    "30 2 * * 0",
+]
+
+
+def _transitions(zone: str) -> list[datetime]:
+    """The UTC instants (to the minute) at which ``zone``'s offset changes, 2025-2027."""
+    tz = ZoneInfo(zone)
+    found: list[datetime] = []
+    t = datetime(2025, 1, 1, tzinfo=UTC)
+    end = datetime(2028, 1, 1, tzinfo=UTC)
+    offset = t.astimezone(tz).utcoffset()
+    while t < end:
+        nxt = t + timedelta(hours=1)
+        if nxt.astimezone(tz).utcoffset() != offset:
+            lo, hi = t, nxt  # bisect to the minute
+            while hi - lo > timedelta(minutes=1):
+                mid = lo + (hi - lo) / 2
+                if mid.astimezone(tz).utcoffset() == offset:
+                    lo = mid
+                else:
+                    hi = mid
+            found.append(hi.replace(second=0, microsecond=0))
+            offset = nxt.astimezone(tz).utcoffset()
+        t = nxt
+    return found
+
+
+TRANSITIONS = {zone: _transitions(zone) for zone in DST_ZONES}
+
+
+@st.composite
+def instants(draw: st.DrawFn) -> tuple[str, datetime]:
+    """A zone and an instant: mostly within four hours of one of its DST transitions."""
+    zone = draw(st.sampled_from(DST_ZONES))
+    near = TRANSITIONS[zone]
+    if near and draw(st.integers(min_value=0, max_value=3)) > 0:
+        base = draw(st.sampled_from(near))
+        offset = draw(st.integers(min_value=-4 * 3600, max_value=4 * 3600))
+        return zone, base + timedelta(seconds=offset)
+    seconds = draw(st.integers(min_value=0, max_value=3 * 365 * 86400))
+    return zone, datetime(2025, 1, 1, tzinfo=UTC) + timedelta(seconds=seconds)
+
+
+def _unambiguous_before(zone: str, instant: datetime) -> datetime:
+    """An instant over a day before ``instant`` whose wall time occurs exactly once."""
+    tz = ZoneInfo(zone)
+    start = instant - timedelta(hours=27)
+    while True:
+        local = start.astimezone(tz)
+        if local.replace(fold=1 - local.fold).utcoffset() == local.utcoffset():
+            return start
+        start -= timedelta(hours=1)
+
+
+def test_transitions_were_found() -> None:
+    for zone in DST_ZONES:
+        assert (len(TRANSITIONS[zone]) >= 4) == (zone != "Asia/Tokyo"), zone
+
+
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(where=instants(), cron=st.sampled_from(CRONS))
+def test_first_tick_is_after_the_start_and_on_the_long_running_chain(
+    where: tuple[str, datetime], cron: str
+) -> None:
+    """Created, resumed or re-timed at ``after``, a schedule's first tick is after it.
+
+    And it is the tick a schedule created a day earlier would fire next (its chain,
+    strictly increasing): starting mid-way never adds, drops or moves a tick.
+    """
+    zone, after = where
+    first = next_tick(cron, zone, None, after)
+    assert first is not None
+    assert first > after
+    tick = next_tick(cron, zone, None, _unambiguous_before(zone, after))
+    assert tick is not None
+    while tick <= after:
+        later = next_tick(cron, zone, None, tick)
+        assert later is not None
+        assert later > tick, f"chain went back from {tick} to {later}"
+        tick = later
+    assert first == tick
+
+
+@pytest.mark.parametrize(
+    ("zone", "cron", "start", "expected"),
+    [
+        # Second pass through New York's repeated hour (01:20 EST): 01:30 EDT is gone.
+        (
+            "America/New_York",
+            "30 1 * * *",
+            "2026-11-01T01:20:00-05:00",
+            "2026-11-02T01:30:00-05:00",
+        ),
+        ("America/New_York", "0 1 * * *", "2026-11-01T01:00:00-05:00", "2026-11-02T01:00:00-05:00"),
+        ("Europe/Berlin", "30 2 * * *", "2026-10-25T02:45:00+01:00", "2026-10-26T02:30:00+01:00"),
+        ("Europe/Berlin", "*/30 * * * *", "2026-10-25T02:10:00+01:00", "2026-10-25T02:30:00+01:00"),
+        # Just after the spring-forward gap: the gap's tick (03:00) is gone too.
+        ("Europe/Berlin", "30 2 * * *", "2026-03-29T03:10:00+02:00", "2026-03-30T02:30:00+02:00"),
+    ],
+)
+def test_start_in_repeated_hour_or_after_gap(
+    zone: str, cron: str, start: str, expected: str
+) -> None:
+    assert next_tick(cron, zone, None, z(start)) == z(expected)
