@@ -69,7 +69,7 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def _run(coro: Coroutine[Any, Any, None], *, uvloop_if_available: bool = False) -> None:
-    from app.core.errors import SchemaVersionMismatch
+    from app.core.errors import HandlersNotLoaded, SchemaVersionMismatch
 
     try:
         if uvloop_if_available:
@@ -77,6 +77,8 @@ def _run(coro: Coroutine[Any, Any, None], *, uvloop_if_available: bool = False) 
         else:
             asyncio.run(coro)
     except SchemaVersionMismatch as exc:
+        _fail(f"refusing to start: {exc.detail}")
+    except HandlersNotLoaded as exc:
         _fail(f"refusing to start: {exc.detail}")
     except OSError as exc:
         _fail(f"cannot reach the database: {exc}")
@@ -157,14 +159,26 @@ def worker(
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve this worker's Prometheus metrics on this port")
     ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Health check, then exit 0/1: database reachable, schema at head, "
+            "handlers importable (a container HEALTHCHECK)",
+        ),
+    ] = False,
 ) -> None:
     """Run a worker executing the workflows defined in ``--handlers`` modules."""
     from app.core.logging import configure_logging
     from app.worker.worker import run_worker
 
     settings = load_settings()
-    configure_logging(settings)
     sys.path.insert(0, os.getcwd())
+    if check:
+        from app.cli.worker_check import worker_check
+
+        raise typer.Exit(worker_check(settings, handlers))
+    configure_logging(settings)
     _run(run_worker(settings, handlers, concurrency, metrics_port), uvloop_if_available=True)
 
 
@@ -233,7 +247,7 @@ def token(
     Refused unless the database is the embedded SQLite one or TREADLE_AUTH_MODE=dev is
     set explicitly.
     """
-    from app.auth.dev import DevTokens, dev_secret
+    from app.auth.dev import DevTokens, existing_dev_secret
 
     if ttl <= 0:
         _fail("--ttl must be a positive number of seconds")
@@ -241,8 +255,19 @@ def token(
         _fail("--subject must not be empty")
     settings = load_settings()
     require_local_dev(settings, "token")
+    secret = existing_dev_secret(settings)
+    if secret is None:
+        # Minting with a fresh secret here would print a token the server rejects: the
+        # server signs with the secret in *its* working directory's data dir.
+        where = (Path(settings.data_dir) / "dev-secret").resolve()
+        _fail(
+            f"no dev secret at {where}: `treadle dev` and `treadle serve` create it in "
+            "their working directory's .treadle/. Run `treadle token` in that directory, "
+            "or set TREADLE_DATA_DIR to that .treadle/ (or TREADLE_DEV_SECRET to the "
+            "server's secret)."
+        )
     try:
-        minted = DevTokens(dev_secret(settings)).mint(
+        minted = DevTokens(secret).mint(
             tenant_id=tenant,
             subject=subject,
             scopes=scopes.replace(",", " ").split(),
