@@ -154,7 +154,15 @@ def serve(
 
 @app.command()
 def worker(
-    handlers: Annotated[list[str], typer.Option("--handlers", help="Module(s) with @workflow")],
+    handlers: Annotated[
+        list[str],
+        typer.Option(
+            "--handlers",
+            # One list for the worker and its health check (docker-compose.yml).
+            envvar="TREADLE_HANDLERS",
+            help="Module(s) with @workflow (repeatable; or TREADLE_HANDLERS, space-separated)",
+        ),
+    ],
     concurrency: Annotated[int | None, typer.Option(help="Runs executed at once")] = None,
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve this worker's Prometheus metrics on this port")
