@@ -1,5 +1,5 @@
 # One task runner for humans and CI. `make dev` runs the service; `make test` runs everything.
-.PHONY: dev test lint fmt openapi install bench bench-quick image-test
+.PHONY: dev test lint fmt openapi install bench bench-quick image-test deps-lowest
 
 # Every top-level examples/*.py as a dotted module, for the determinism checker.
 EXAMPLE_MODULES := $(filter-out examples.__init__,$(basename $(subst /,.,$(wildcard examples/*.py))))
@@ -46,3 +46,8 @@ bench-quick:
 image-test:
 	scripts/ensure-postgres
 	scripts/image-test
+
+# Install every dependency at its declared lower bound and complete a run on it
+# (scripts/check-lowest-deps; needs the package index). Run it when changing a range.
+deps-lowest:
+	scripts/check-lowest-deps
