@@ -92,13 +92,32 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Installed:
         "pip", "install", "--quiet", "--python", str(venv / "bin" / "python"),
         "-c", str(constraints), f"treadle[postgres] @ {wheel.as_uri()}", *TEAM_TOOLS,
     ]  # fmt: skip
-    offline = subprocess.run(
-        ["uv", *install, "--offline"], cwd=base, capture_output=True, text=True, check=False
-    )
-    if offline.returncode != 0:  # a cold uv cache: the same install from the index
-        _uv(*install, cwd=base)
+    _install(install, cwd=base)
     seconds["install"] = time.monotonic() - started
     return Installed(wheel=wheel, sdist=sdist, venv=venv, seconds=seconds)
+
+
+def _install(args: list[str], cwd: Path) -> None:
+    # Outside the checkout (cwd), so this repository's [tool.uv] settings do not apply.
+    offline = subprocess.run(
+        ["uv", *args, "--offline"], cwd=cwd, capture_output=True, text=True, check=False
+    )
+    if offline.returncode != 0:  # a cold uv cache: the same install from the index
+        _uv(*args, cwd=cwd)
+
+
+@pytest.fixture(scope="session")
+def plain(installed: Installed, tmp_path_factory: pytest.TempPathFactory) -> Installed:
+    """The same wheel without extras (``pip install treadle``): no PostgreSQL driver."""
+    base = tmp_path_factory.mktemp("plain")
+    constraints = installed.wheel.parent.parent / "constraints.txt"
+    _uv("venv", "--quiet", "--python", os.path.realpath(sys.executable), str(base / "venv"))
+    _install(
+        ["pip", "install", "--quiet", "--python", str(base / "venv" / "bin" / "python"),
+         "-c", str(constraints), f"treadle @ {installed.wheel.as_uri()}"],
+        cwd=base,
+    )  # fmt: skip
+    return Installed(installed.wheel, installed.sdist, base / "venv", {})
 
 
 @pytest.fixture
