@@ -42,6 +42,19 @@ def test_compose_workers_load_every_example_that_treadle_dev_loads() -> None:
         assert service["healthcheck"]["test"][-2:] == ["worker", "--check"], name
 
 
+def test_docs_listing_what_treadle_dev_loads_list_all_of_it() -> None:
+    rows = [
+        (doc.name, line)
+        for doc in DOCS
+        for line in doc.read_text().splitlines()
+        if "`treadle dev" in line and "examples." in line
+    ]
+    assert rows, "no doc lists the modules treadle dev loads"
+    for doc, line in rows:
+        missing = [m for m in EXAMPLE_HANDLERS if f"`{m}`" not in line]
+        assert not missing, f"{doc}: the treadle dev line omits {missing}"
+
+
 def test_every_example_module_the_docs_name_exists() -> None:
     named = _mentions(r"\bexamples\.([a-z_]+)\b") + [
         ("docker-compose.yml", m) for m in re.findall(r"\bexamples\.([a-z_]+)\b", str(COMPOSE))
