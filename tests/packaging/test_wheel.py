@@ -43,4 +43,4 @@ def test_the_sdist_builds_the_same_wheel(installed: Installed) -> None:
         names = {Path(n).relative_to("treadle-0.1.0").as_posix() for n in sdist.getnames()}
     assert {"alembic.ini", "alembic/env.py", "pyproject.toml", "app/py.typed"} <= names
     assert {f"alembic/versions/{m}" for m in _migrations()} <= names
-    assert not [n for n in names if n.startswith(("tests/", ".venv/", ".treadle/"))]
+    assert not [n for n in names if n.startswith(("tests/", "examples/", "benchmarks/", ".venv/"))]
