@@ -230,11 +230,19 @@ def dev(
 
     Refused on another database unless TREADLE_AUTH_MODE=dev is set explicitly.
     """
+    import importlib.util
+
     from app.cli.dev import run_dev
 
     settings = load_settings(port=port)
     require_local_dev(settings, "dev")
     sys.path.insert(0, os.getcwd())
+    if not handlers and importlib.util.find_spec("examples") is None:
+        # Installed from the wheel: the examples live in the checkout and the image only.
+        _fail(
+            "no --handlers given and the examples are not installed (they ship with the "
+            "Treadle checkout and image, not the wheel): pass --handlers yourpkg.flows"
+        )
     _run(run_dev(settings, handlers or EXAMPLE_HANDLERS))
 
 

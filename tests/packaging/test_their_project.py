@@ -215,6 +215,9 @@ def test_handler_import_errors_are_one_line_naming_the_module(
               "--handlers", "theirpkg.broken")  # fmt: skip
     _one_line_refusal(dev, "'theirpkg.broken'", "ImportError: the billing SDK", "broken.py:3")
     assert not (project / ".treadle" / "treadle.db").exists(), "refused before migrating"
+    # The examples are not in the wheel: `dev` without --handlers says what to pass.
+    bare = run(installed, project, "treadle", "dev", "--port", str(free_port()))
+    _one_line_refusal(bare, "examples are not installed", "--handlers yourpkg.flows")
 
 
 def test_a_team_package_named_app_is_refused_with_the_reason(
