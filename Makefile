@@ -1,5 +1,5 @@
 # One task runner for humans and CI. `make dev` runs the service; `make test` runs everything.
-.PHONY: dev test lint fmt openapi install bench bench-quick
+.PHONY: dev test lint fmt openapi install bench bench-quick image-test deps-lowest
 
 # Every top-level examples/*.py as a dotted module, for the determinism checker.
 EXAMPLE_MODULES := $(filter-out examples.__init__,$(basename $(subst /,.,$(wildcard examples/*.py))))
@@ -40,3 +40,14 @@ bench: install
 
 bench-quick:
 	$(MAKE) --no-print-directory bench BENCH_ARGS=--quick
+
+# Build the image and run migrate, serve, a worker and one run against it (podman or
+# docker; scripts/image-test). Not in `make test`: a cold build takes minutes.
+image-test:
+	scripts/ensure-postgres
+	scripts/image-test
+
+# Install every dependency at its declared lower bound and complete a run on it
+# (scripts/check-lowest-deps; needs the package index). Run it when changing a range.
+deps-lowest:
+	scripts/check-lowest-deps

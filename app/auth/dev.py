@@ -26,6 +26,18 @@ DEV_ISSUER = "treadle-dev"
 DEV_AUDIENCE = "treadle"
 
 
+def existing_dev_secret(settings: Settings) -> str | None:
+    """Return the HS256 secret if one is configured or already on disk, else None.
+
+    For ``treadle token``: unlike :func:`dev_secret` it never creates a secret, since a
+    new one would sign tokens that a server using another data dir rejects.
+    """
+    if settings.dev_secret:
+        return settings.dev_secret
+    path = Path(settings.data_dir) / "dev-secret"
+    return path.read_text().strip() if path.exists() else None
+
+
 def dev_secret(settings: Settings) -> str:
     """Return the HS256 secret, creating ``<data_dir>/dev-secret`` on first use."""
     if settings.dev_secret:

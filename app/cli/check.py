@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 from enum import StrEnum
 from typing import Annotated
@@ -37,6 +38,9 @@ def check(
     Codes: TRD101 clock, TRD102 randomness, TRD103 sleep, TRD104 file system, TRD105
     process, TRD106 network, TRD107 environment, TRD108 threading.
     """
+    # Dotted names resolve from the working directory, as `treadle worker --handlers` do.
+    if os.getcwd() not in sys.path:
+        sys.path.insert(0, os.getcwd())
     findings: list[Finding] = []
     errors: list[str] = []
     for name in modules:

@@ -26,8 +26,9 @@ GRACEFUL_SHUTDOWN_SECONDS = 5
 async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
     """Migrate, then serve the API and run a worker in this process until Ctrl-C."""
     configure_logging(settings)
-    await migrate(settings.database_url)
+    # Handlers first: a typo in --handlers is reported before the database is touched.
     registry = Registry.from_modules(handler_modules)
+    await migrate(settings.database_url)
     db = Database(settings)
     worker = Worker(settings, db, registry)
     api = create_app(settings, db=db, on_wake=worker.wake)

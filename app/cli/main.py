@@ -70,7 +70,7 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def _run(coro: Coroutine[Any, Any, None], *, uvloop_if_available: bool = False) -> None:
-    from app.core.errors import SchemaVersionMismatch
+    from app.core.errors import HandlersNotLoaded, SchemaVersionMismatch
 
     try:
         if uvloop_if_available:
@@ -78,6 +78,8 @@ def _run(coro: Coroutine[Any, Any, None], *, uvloop_if_available: bool = False) 
         else:
             asyncio.run(coro)
     except SchemaVersionMismatch as exc:
+        _fail(f"refusing to start: {exc.detail}")
+    except HandlersNotLoaded as exc:
         _fail(f"refusing to start: {exc.detail}")
     except OSError as exc:
         _fail(f"cannot reach the database: {exc}")
@@ -146,19 +148,39 @@ def serve(
 
 @app.command()
 def worker(
-    handlers: Annotated[list[str], typer.Option("--handlers", help="Module(s) with @workflow")],
+    handlers: Annotated[
+        list[str],
+        typer.Option(
+            "--handlers",
+            # One list for the worker and its health check (docker-compose.yml).
+            envvar="TREADLE_HANDLERS",
+            help="Module(s) with @workflow (repeatable; or TREADLE_HANDLERS, space-separated)",
+        ),
+    ],
     concurrency: Annotated[int | None, typer.Option(help="Runs executed at once")] = None,
     metrics_port: Annotated[
         int | None, typer.Option(help="Serve this worker's Prometheus metrics on this port")
     ] = None,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Health check, then exit 0/1: database reachable, schema at head, "
+            "handlers importable (a container HEALTHCHECK)",
+        ),
+    ] = False,
 ) -> None:
     """Run a worker executing the workflows defined in ``--handlers`` modules."""
     from app.core.logging import configure_logging
     from app.worker.worker import run_worker
 
     settings = load_settings()
-    configure_logging(settings)
     sys.path.insert(0, os.getcwd())
+    if check:
+        from app.cli.worker_check import worker_check
+
+        raise typer.Exit(worker_check(settings, handlers))
+    configure_logging(settings)
     _run(run_worker(settings, handlers, concurrency, metrics_port), uvloop_if_available=True)
 
 
@@ -202,11 +224,19 @@ def dev(
 
     Refused on another database unless TREADLE_AUTH_MODE=dev is set explicitly.
     """
+    import importlib.util
+
     from app.cli.dev import run_dev
 
     settings = load_settings(port=port)
     require_local_dev(settings, "dev")
     sys.path.insert(0, os.getcwd())
+    if not handlers and importlib.util.find_spec("examples") is None:
+        # Installed from the wheel: the examples live in the checkout and the image only.
+        _fail(
+            "no --handlers given and the examples are not installed (they ship with the "
+            "Treadle checkout and image, not the wheel): pass --handlers yourpkg.flows"
+        )
     _run(run_dev(settings, handlers or EXAMPLE_HANDLERS))
 
 
@@ -227,7 +257,7 @@ def token(
     Refused unless the database is the embedded SQLite one or TREADLE_AUTH_MODE=dev is
     set explicitly.
     """
-    from app.auth.dev import DevTokens, dev_secret
+    from app.auth.dev import DevTokens, existing_dev_secret
 
     if ttl <= 0:
         _fail("--ttl must be a positive number of seconds")
@@ -235,8 +265,19 @@ def token(
         _fail("--subject must not be empty")
     settings = load_settings()
     require_local_dev(settings, "token")
+    secret = existing_dev_secret(settings)
+    if secret is None:
+        # Minting with a fresh secret here would print a token the server rejects: the
+        # server signs with the secret in *its* working directory's data dir.
+        where = (Path(settings.data_dir) / "dev-secret").resolve()
+        _fail(
+            f"no dev secret at {where}: `treadle dev` and `treadle serve` create it in "
+            "their working directory's .treadle/. Run `treadle token` in that directory, "
+            "or set TREADLE_DATA_DIR to that .treadle/ (or TREADLE_DEV_SECRET to the "
+            "server's secret)."
+        )
     try:
-        minted = DevTokens(dev_secret(settings)).mint(
+        minted = DevTokens(secret).mint(
             tenant_id=tenant,
             subject=subject,
             scopes=scopes.replace(",", " ").split(),

@@ -180,6 +180,16 @@ class SchemaVersionMismatch(TreadleError):
     code = "schema_version_mismatch"
 
 
+class HandlersNotLoaded(TreadleError):
+    """A ``--handlers`` module could not be imported or defines no workflow.
+
+    Raised at a worker's (or ``treadle dev``'s) start, before it touches the database;
+    ``data["module"]`` names the module. The CLI prints :attr:`detail` as one line.
+    """
+
+    code = "handlers_not_loaded"
+
+
 class CeilingExceeded(TreadleError):
     """A configured ceiling (steps per run, …) was hit; ``data["ceiling"]`` names it."""
 

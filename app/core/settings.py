@@ -7,6 +7,7 @@ Settings are built once per process by its composition root (``create_app``,
 from __future__ import annotations
 
 from enum import StrEnum
+from importlib.util import find_spec
 from pathlib import Path
 from typing import Self
 
@@ -242,6 +243,17 @@ class Settings(BaseSettings):
             # Frozen model: set once, during validation.
             object.__setattr__(
                 self, "database_url", f"sqlite+aiosqlite:///{self.data_dir / 'treadle.db'}"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_driver(self) -> Self:
+        # asyncpg is the treadle[postgres] extra (docs/adr/0014-packaging.md): without it,
+        # say which install is missing instead of a traceback from SQLAlchemy's dialect.
+        if self.database_url.startswith("postgresql") and find_spec("asyncpg") is None:
+            raise ValueError(
+                "TREADLE_DATABASE_URL is a PostgreSQL database, but its driver (asyncpg) "
+                "is not installed: install treadle[postgres]"
             )
         return self
 

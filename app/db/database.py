@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 from sqlalchemy import event, select
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
+from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from app.core.settings import Settings
 from app.db.dialect import now_expr
@@ -100,6 +101,10 @@ class Database:
             # One writer connection per process: SQLite has one writer anyway, and queueing
             # in our pool beats spinning on the busy timeout.
             pool = {
+                # Named, not left to the default: SQLAlchemy 2.0 gives a file-based
+                # aiosqlite engine a NullPool (2.1 a queue pool), and the dependency
+                # range admits both (docs/adr/0014-packaging.md).
+                "poolclass": AsyncAdaptedQueuePool,
                 "pool_size": 1 if immediate else self.settings.db_pool_size,
                 "max_overflow": 0,
                 "pool_timeout": self.settings.db_pool_timeout_seconds,

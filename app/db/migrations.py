@@ -7,6 +7,7 @@ Alembic head; ``treadle migrate`` brings it to head.
 from __future__ import annotations
 
 import asyncio
+from importlib import resources
 from pathlib import Path
 
 from alembic.config import Config
@@ -18,13 +19,50 @@ from alembic import command
 from app.core.errors import SchemaVersionMismatch
 from app.db.database import Database
 
-_ROOT = Path(__file__).resolve().parent.parent.parent
+# Where the wheel carries the migrations (pyproject.toml maps the repository's top-level
+# alembic/ and alembic.ini here; docs/adr/0014-packaging.md).
+PACKAGED_DIRECTORY = "_alembic"
+
+
+class MigrationsNotFound(RuntimeError):
+    """Neither the packaged migrations nor a source checkout's ``alembic/`` exist.
+
+    A broken install, not a user error: the wheel always carries ``app/_alembic``.
+    """
+
+
+def migrations_location() -> tuple[Path, Path]:
+    """Return ``(alembic.ini, script directory)`` of the migrations this code ships.
+
+    An installed wheel carries them inside the package (``app/_alembic``, found with
+    :mod:`importlib.resources`, so it works from any ``site-packages``); a source checkout
+    (an editable install, the repository's tests) has them at the top level beside ``app/``.
+
+    Raises:
+        MigrationsNotFound: neither exists (a damaged install).
+    """
+    # Installed wheels are unpacked directories, so the resource is a real path that
+    # Alembic (which reads files and imports env.py by path) can use as it is.
+    packaged = Path(str(resources.files("app").joinpath(PACKAGED_DIRECTORY)))
+    if (packaged / "env.py").is_file():
+        return packaged / "alembic.ini", packaged
+    checkout = Path(str(resources.files("app"))).parent
+    if (checkout / "alembic" / "env.py").is_file():
+        return checkout / "alembic.ini", checkout / "alembic"
+    raise MigrationsNotFound(
+        f"no migrations found in {packaged} or {checkout / 'alembic'}: reinstall treadle"
+    )
 
 
 def alembic_config(database_url: str) -> Config:
-    """Return an Alembic ``Config`` for this checkout, bound to ``database_url``."""
-    cfg = Config(str(_ROOT / "alembic.ini"))
-    cfg.set_main_option("script_location", str(_ROOT / "alembic"))
+    """Return an Alembic ``Config`` for the shipped migrations, bound to ``database_url``.
+
+    Raises:
+        MigrationsNotFound: the install has no migrations.
+    """
+    ini, scripts = migrations_location()
+    cfg = Config(str(ini))
+    cfg.set_main_option("script_location", str(scripts))
     cfg.attributes["database_url"] = database_url
     return cfg
 

@@ -3,12 +3,16 @@
 from __future__ import annotations
 
 import importlib
+import os
+import traceback
 from collections.abc import Iterable, Sequence
+from types import ModuleType
 from typing import Any
 
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
+from app.core.errors import HandlersNotLoaded
 from app.db.queries import definitions as q
 from app.sdk.workflow import WorkflowDefinition, definitions_in
 
@@ -33,15 +37,18 @@ class Registry:
         """Import each module and collect its top-level definitions.
 
         Raises:
-            ImportError: a module cannot be imported.
-            ValueError: a module defines no workflow, or a duplicate exists.
+            HandlersNotLoaded: a module cannot be imported, or defines no workflow.
+            ValueError: a duplicate exists.
         """
         found: list[WorkflowDefinition[Any, Any]] = []
         for name in module_names:
-            module = importlib.import_module(name)
+            module = import_handler_module(name)
             defs = definitions_in(module)
             if not defs:
-                raise ValueError(f"handler module {name!r} defines no @workflow")
+                raise HandlersNotLoaded(
+                    f"handler module {name!r} defines no @workflow at its top level",
+                    module=name,
+                )
             found.extend(defs)
         return cls(found)
 
@@ -71,3 +78,62 @@ class Registry:
                 states=None if d.states is None else json.dumps(d.states),
                 queue_controls=json.dumps(d.queue.to_json()),
             )
+
+
+# Treadle's own top-level package (docs/adr/0015-the-app-package-name.md).
+TREADLE_PACKAGE = __name__.split(".", 1)[0]
+
+
+def import_handler_module(name: str) -> ModuleType:
+    """Import one ``--handlers`` module, turning any failure into one line naming it.
+
+    A worker that cannot load its handlers must say which module and why, not print a
+    traceback from deep inside importlib: the usual causes are a typo, a package not
+    installed, the wrong working directory, or a team package named like Treadle's own.
+
+    Args:
+        name: dotted module name, e.g. ``theirpkg.flows``.
+
+    Returns:
+        The imported module.
+
+    Raises:
+        HandlersNotLoaded: the module (or a package on its path) does not exist, or
+            importing it raised; ``detail`` is one line with the module, the cause and,
+            for an exception raised by the module's code, the file and line.
+    """
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as exc:
+        missing = exc.name or ""
+        if missing and (name == missing or name.startswith(missing + ".")):
+            if name.split(".", 1)[0] == TREADLE_PACKAGE:
+                raise HandlersNotLoaded(
+                    f"handler module {name!r} not found: {TREADLE_PACKAGE!r} is Treadle's own "
+                    f"package, so a package of yours named {TREADLE_PACKAGE!r} cannot be "
+                    "imported beside it; give yours another name (docs/your-project.md)",
+                    module=name,
+                ) from None
+            raise HandlersNotLoaded(
+                f"handler module {name!r} not found (no module named {missing!r} in the "
+                f"working directory {os.getcwd()} or the installed packages): check the "
+                "name, install your package, or run from the directory that holds it",
+                module=name,
+            ) from None
+        raise HandlersNotLoaded(
+            f"cannot import handler module {name!r}: {exc}{_raised_at(exc)}", module=name
+        ) from None
+    except Exception as exc:  # noqa: BLE001 - any error of the module's own code, one line
+        raise HandlersNotLoaded(
+            f"cannot import handler module {name!r}: {type(exc).__name__}: {exc}{_raised_at(exc)}",
+            module=name,
+        ) from None
+
+
+def _raised_at(exc: BaseException) -> str:
+    """`` (file:line)`` of the innermost frame that raised ``exc``, or ``""``."""
+    # importlib's own frames (``<frozen importlib._bootstrap>``) say nothing to the author.
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if not f.filename.startswith("<")]
+    if isinstance(exc, SyntaxError) or not frames:
+        return ""  # a SyntaxError's message already names its file and line
+    return f" ({frames[-1].filename}:{frames[-1].lineno})"

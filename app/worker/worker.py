@@ -587,7 +587,8 @@ async def run_worker(
 
     Raises:
         SchemaVersionMismatch: the database is not migrated to this code's head.
-        ImportError / ValueError: a handler module is missing or defines no workflow.
+        HandlersNotLoaded: a handler module is missing, fails to import or defines no
+            workflow.
     """
     registry = Registry.from_modules(handler_modules)
     # No pre-ping round trip per checkout (two per plain step): after a server restart the
