@@ -91,7 +91,8 @@ class Stack:
             except httpx.HTTPError:
                 return False
 
-        wait_for_sync(ready, timeout=30, what="API ready")
+        # Generous: on a loaded 2-core box the interpreter alone takes ~25 s to start.
+        wait_for_sync(ready, timeout=90, what="API ready")
 
     def start_worker(
         self,
@@ -115,7 +116,7 @@ class Stack:
             live = {w for wf in items for v in wf["versions"] for w in v["live_workers"]}
             return any(f":{proc.pid}:" in w for w in live)
 
-        wait_for_sync(registered, timeout=30, what=f"worker {proc.pid} registered")
+        wait_for_sync(registered, timeout=90, what=f"worker {proc.pid} registered")
         return proc
 
     def client(self, tok: str | None = None) -> httpx.Client:
@@ -164,8 +165,8 @@ def stack_env(database_url: str, tmp_path: Path) -> dict[str, str]:
 def stack(database_url: str, tmp_path: Path, stack_env: dict[str, str]) -> Iterator[Stack]:
     """A running API (no workers yet) on this test's database."""
     s = Stack(database_url=database_url, tmp=tmp_path, env=stack_env)
-    s.start_api()
     try:
+        s.start_api()  # inside the try: an API that never got ready is stopped too
         yield s
     finally:
         s.stop()
