@@ -476,6 +476,8 @@ class RunExecution:
                 task.cancel()
             await asyncio.gather(task, ready, return_exceptions=True)
         if task.cancelled():
+            if not self._suspends:
+                raise asyncio.CancelledError()  # not ours: whoever cancelled it, stop too
             return False
         task.result()
         return True

@@ -12,8 +12,13 @@ import uuid
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from tests.acceptance.conftest import Stack
 from tests.helpers import wait_for_sync
+
+# An API and up to two worker processes start per test, on a loaded machine.
+pytestmark = pytest.mark.timeout(360)
 
 HANDLERS = "tests.acceptance.undo_handlers"
 TERMINAL = ("completed", "failed", "cancelled", "compensated")
