@@ -131,6 +131,10 @@ runs = Table(
     Column("finished_at", UtcDateTime, nullable=True),
     # Set by maintenance compaction once the run's payloads were cleared (revision 0005).
     Column("compacted_at", UtcDateTime, nullable=True),
+    # When a cancel was first requested; never cleared, so the request survives a failed
+    # compensation, requeue, retry and resume (revision 0011,
+    # docs/adr/0009-requeue-into-compensation.md).
+    Column("cancel_requested_at", UtcDateTime, nullable=True),
     UniqueConstraint("tenant_id", "idempotency_key"),
     Index(
         "ix_runs_lease_owner",

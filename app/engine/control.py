@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from sqlalchemy import RowMapping, select, update
+from sqlalchemy import RowMapping, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
@@ -20,15 +20,15 @@ from app.core.errors import (
     StepNotFound,
 )
 from app.core.settings import Settings
-from app.core.status import EventKind, RunStatus, StepStatus
+from app.core.status import EventKind, RunReason, RunStatus, StepStatus
 from app.db.database import Database
-from app.db.dialect import now_expr, now_plus
 from app.db.queries import approvals as approvals_q
+from app.db.queries import dead_letters as dl_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
 from app.db.queries import signals as signals_q
 from app.db.queries import steps as steps_q
-from app.db.tables import dead_letters, runs, steps
+from app.db.tables import steps
 from app.engine import slots
 from app.engine.waits import resolve_decisions
 from app.engine.wakeup import notify
@@ -98,13 +98,30 @@ async def _cancel_in(
                 actor=actor,
                 reason=f"parent {run_id} cancelled",
             )
-    if status in (RunStatus.CANCELLING, RunStatus.COMPENSATING):
-        return run  # already being undone: cancelling again changes nothing
+    if status == RunStatus.CANCELLING:
+        return run  # already being cancelled: cancelling again changes nothing
+    waits = run["concurrency_key"] is not None and run["concurrency_slot"] is None
+    if status == RunStatus.COMPENSATING:
+        # A failed run being undone: it is undone either way, but the cancel must hold
+        # (it ends ``cancelled``, and its cancel-only undo actions run too). The fence
+        # advances, so an attempt in flight is fenced off and counted as interrupted, not
+        # failed; its steps keep their state (a compensation waiting out a retry backoff
+        # keeps its due time).
+        await runs_q.request_cancel(conn, run_id=run_id, due=not waits)
+        await events_q.append(
+            conn,
+            run_id=run_id,
+            tenant_id=tenant_id,
+            kind=EventKind.RUN_CANCEL_REQUESTED,
+            actor=actor,
+            data={"reason": reason, "while": RunStatus.COMPENSATING.value},
+        )
+        await notify(conn)
+        return await runs_q.get_run(conn, tenant_id, run_id)
     if not status.is_terminal and await steps_q.has_compensations(conn, run_id):
         # Undo first: a worker claims the run, runs its compensations in reverse
         # order, and only then is it ``cancelled``. A run waiting for a concurrency slot
         # (a requeued one with compensations) waits on, and undoes once admitted.
-        waits = run["concurrency_key"] is not None and run["concurrency_slot"] is None
         await runs_q.request_cancel(conn, run_id=run_id, due=not waits)
         await steps_q.cancel_running(conn, run_id)
         await events_q.append(
@@ -313,43 +330,6 @@ async def decide_approval(
     return {"step_id": step_id, "decision": decision, "decided_by": subject, "resolved": resolved}
 
 
-async def _reopen_failed_steps(conn: AsyncConnection, run_id: uuid.UUID) -> None:
-    dialect = conn.dialect.name
-    # Failed attempts start over; timed-out waits wait again for their original timeout.
-    await conn.execute(
-        update(steps)
-        .where(
-            steps.c.run_id == run_id,
-            steps.c.kind.in_(["step", "transaction"]),
-            steps.c.status.in_(
-                [StepStatus.FAILED.value, StepStatus.TIMED_OUT.value, StepStatus.CANCELLED.value]
-            ),
-        )
-        .values(status=StepStatus.PENDING.value, attempt=0, next_attempt_at=None)
-    )
-    waits = (
-        await conn.execute(
-            select(steps.c.step_id, steps.c.detail).where(
-                steps.c.run_id == run_id,
-                steps.c.kind.in_(["signal", "approval"]),
-                steps.c.status == StepStatus.TIMED_OUT.value,
-            )
-        )
-    ).all()
-    for step_id, detail in waits:
-        timeout = (json.loads(detail) or {}).get("timeout")
-        await conn.execute(
-            update(steps)
-            .where(steps.c.run_id == run_id, steps.c.step_id == step_id)
-            .values(
-                status=StepStatus.WAITING.value,
-                deadline=None if timeout is None else now_plus(dialect, float(timeout)),
-                finished_at=None,
-                error=None,
-            )
-        )
-
-
 async def requeue_dead_letter(
     db: Database,
     *,
@@ -362,9 +342,21 @@ async def requeue_dead_letter(
 ) -> RowMapping:
     """Re-run a failed run from its failed point and mark its dead letter requeued.
 
-    Failed steps start over (attempts reset); succeeded steps are replayed from the
-    journal; timed-out waits wait again. The request is audited on the dead letter and in
-    the run's events (who, why, correlation id).
+    Where the run goes back to (docs/adr/0009-requeue-into-compensation.md):
+
+    - a run whose cancel was requested goes back to ``cancelling``: it is undone and ends
+      ``cancelled`` (or ``failed`` again), never resumed;
+    - a run whose compensation began (a step undone, or an undo journaled) goes back to
+      ``compensating``: only its failed compensations start over, and it ends
+      ``compensated`` (or ``failed`` again), never ``completed``, since the results of
+      its undone steps no longer stand;
+    - any other run goes back to ``queued``: failed steps start over (attempts reset),
+      succeeded steps are replayed from the journal, timed-out waits wait again, and
+      failed joined children are joined again; a child that is itself ``failed`` with a
+      pending dead letter is requeued with it, recursively, with the same audit.
+
+    The request is audited on the dead letter and in the run's events (who, why,
+    correlation id).
 
     Returns:
         The updated dead letter row.
@@ -372,22 +364,15 @@ async def requeue_dead_letter(
     Raises:
         DeadLetterNotFound: not this tenant's dead letter.
         InvalidState: already requeued, or the run is no longer failed (409).
-        ConcurrencyKeyBusy: the run has a concurrency key whose ``key_limit`` runs are
-            active meanwhile and its workflow declares ``on_limit="reject"`` (409, nothing
-            changed). With ``on_limit="queue"`` the run waits for a slot instead: in
-            submission order, so ahead of runs submitted after it.
+        ConcurrencyKeyBusy: the run (or a child requeued with it) has a concurrency key
+            whose ``key_limit`` runs are active meanwhile and its workflow declares
+            ``on_limit="reject"`` (409, nothing changed). With ``on_limit="queue"`` the
+            run waits for a slot instead: in submission order, so ahead of runs
+            submitted after it.
     """
 
     async def requeue_tx(conn: AsyncConnection) -> RowMapping:
-        stmt = select(dead_letters).where(
-            dead_letters.c.dead_letter_id == dead_letter_id,
-            dead_letters.c.tenant_id == tenant_id,
-        )
-        if conn.dialect.name == "postgresql":
-            # Lock the letter: a concurrent requeue waits here and then sees "requeued",
-            # even if the run has failed again in between (SQLite: the write lock does).
-            stmt = stmt.with_for_update()
-        dl = (await conn.execute(stmt)).mappings().first()
+        dl = await dl_q.lock_for_requeue(conn, tenant_id=tenant_id, dead_letter_id=dead_letter_id)
         try:
             run = await runs_q.lock_run(conn, tenant_id, dl["run_id"], owner=owner) if dl else None
         except RunNotFound:
@@ -404,62 +389,113 @@ async def requeue_dead_letter(
                 f"run {run['run_id']} was compacted by maintenance; its payloads are gone, "
                 "so it cannot be re-run (submit a new run instead)"
             )
-        await _reopen_failed_steps(conn, run["run_id"])
-        now = now_expr(conn.dialect.name)
-        slot, waiting = await _slot_for_requeue(conn, run)
-        # The run's old slot number is overwritten: another run may hold it by now.
-        await conn.execute(
-            update(runs)
-            .where(runs.c.run_id == run["run_id"])
-            .values(
-                status=RunStatus.QUEUED.value,
-                reason=None,
-                error=None,
-                output=None,
-                finished_at=None,
-                concurrency_slot=slot,
-                not_before=None,
-                blocked_reason=waiting,
-                available_at=None if waiting else now,
-                updated_at=now,
-            )
-        )
-        await conn.execute(
-            update(dead_letters)
-            .where(dead_letters.c.dead_letter_id == dead_letter_id)
-            .values(
-                status="requeued",
-                requeued_at=now,
-                requeued_by=actor,
-                requeue_reason=reason,
-                correlation_id=correlation_id,
-            )
-        )
-        await events_q.append(
+        updated = await _requeue_run(
             conn,
-            run_id=run["run_id"],
-            tenant_id=tenant_id,
-            kind=EventKind.DEAD_LETTER_REQUEUED,
+            run,
+            dead_letter_id=dead_letter_id,
             actor=actor,
-            data={
-                "dead_letter_id": str(dead_letter_id),
-                "reason": reason,
-                "correlation_id": correlation_id,
-                **({} if run["concurrency_key"] is None else {"concurrency_slot": slot}),
-            },
+            reason=reason,
+            correlation_id=correlation_id,
         )
         await notify(conn)
-        return (
-            (
-                await conn.execute(
-                    select(dead_letters).where(dead_letters.c.dead_letter_id == dead_letter_id)
-                )
-            )
-            .mappings()
-            .one()
-        )
+        return updated
 
     return await db.write_retrying(requeue_tx, what="requeue")
+
+
+async def _requeue_run(
+    conn: AsyncConnection,
+    run: RowMapping,
+    *,
+    dead_letter_id: uuid.UUID,
+    actor: str,
+    reason: str,
+    correlation_id: str | None,
+) -> RowMapping:
+    """Requeue one failed, locked run (see :func:`requeue_dead_letter`); its dead letter."""
+    run_id: uuid.UUID = run["run_id"]
+    children: list[uuid.UUID] = []
+    cause_reason: str | None = None
+    cause_error: str | None = None
+    if run["cancel_requested_at"] is not None:
+        into = RunStatus.CANCELLING
+        await steps_q.reopen_failed_compensations(conn, run_id)
+    elif await steps_q.compensation_began(conn, run_id):
+        into = RunStatus.COMPENSATING
+        await steps_q.reopen_failed_compensations(conn, run_id)
+        cause_reason, cause_error = _cause_being_undone(run)
+    else:
+        into = RunStatus.QUEUED
+        children = await steps_q.reopen_failed_body_steps(conn, run_id)
+    slot, waiting = await _slot_for_requeue(conn, run)
+    await runs_q.requeue_run(
+        conn,
+        run_id=run_id,
+        status=into,
+        reason=cause_reason,
+        error=cause_error,
+        concurrency_slot=slot,
+        blocked_reason=waiting,
+    )
+    updated = await dl_q.mark_requeued(
+        conn,
+        dead_letter_id=dead_letter_id,
+        actor=actor,
+        reason=reason,
+        correlation_id=correlation_id,
+    )
+    await events_q.append(
+        conn,
+        run_id=run_id,
+        tenant_id=run["tenant_id"],
+        kind=EventKind.DEAD_LETTER_REQUEUED,
+        actor=actor,
+        data={
+            "dead_letter_id": str(dead_letter_id),
+            "reason": reason,
+            "correlation_id": correlation_id,
+            "status": into.value,
+            **({} if run["concurrency_key"] is None else {"concurrency_slot": slot}),
+        },
+    )
+    for child_id in children:
+        # The parent's ctx.child joins its child again; a failed child is re-run with it
+        # (children act for the parent's submitter, so the parent's owner check covers
+        # them). A compacted child cannot be re-run: the parent fails again at once.
+        try:
+            child = await runs_q.lock_run(conn, run["tenant_id"], child_id)
+        except RunNotFound:  # archived by maintenance: nothing left to re-run
+            continue
+        child_letter = await dl_q.pending_for_run(conn, child_id)
+        if (
+            child["status"] == RunStatus.FAILED.value
+            and child_letter is not None
+            and child["compacted_at"] is None
+        ):
+            await _requeue_run(
+                conn,
+                child,
+                dead_letter_id=child_letter["dead_letter_id"],
+                actor=actor,
+                reason=f"parent run {run_id} requeued: {reason}"[:1000],
+                correlation_id=correlation_id,
+            )
+    return updated
+
+
+def _cause_being_undone(run: RowMapping) -> tuple[str | None, str | None]:
+    """The failure a run requeued into compensation undoes: its reason and error.
+
+    The failed run's error minus what the last compensation added; an authorization
+    refusal is not the cause (the re-check passes again before the run is undone).
+    """
+    if run["reason"] is None or run["reason"] == RunReason.FAILURE_AUTHORIZATION.value:
+        return None, None
+    error = json.loads(run["error"]) if run["error"] else None
+    if isinstance(error, dict):
+        for key in ("compensation_failures", "compensation_message", "compensated"):
+            error.pop(key, None)
+    return run["reason"], None if error is None else json.dumps(error)
 
 
 async def _slot_for_requeue(
@@ -506,16 +542,10 @@ async def pending_dead_letter_id(
     """
     async with db.read() as conn:
         run = await runs_q.get_run(conn, tenant_id, run_id, owner=owner)
-        found = (
-            await conn.execute(
-                select(dead_letters.c.dead_letter_id).where(
-                    dead_letters.c.run_id == run_id, dead_letters.c.status == "pending"
-                )
-            )
-        ).scalar()
+        found = await dl_q.pending_for_run(conn, run_id)
     if found is None:
         raise InvalidState(f"run {run_id} is {run['status']!r}: nothing to retry")
-    return uuid.UUID(str(found))
+    return uuid.UUID(str(found["dead_letter_id"]))
 
 
 async def resume(
@@ -523,7 +553,10 @@ async def resume(
 ) -> RowMapping:
     """Make a waiting or retrying run due now: skip a retry backoff, re-check its waits.
 
-    Timers keep their deadline and unsatisfied waits simply wait again.
+    Timers keep their deadline and unsatisfied waits simply wait again. A
+    ``compensating`` or ``cancelling`` run released while a compensation waits out its
+    retry backoff resumes likewise, and stays compensating / cancelling: a resume never
+    turns an undo back into a run of the body.
 
     Raises:
         RunNotFound: not this tenant's run.
@@ -532,14 +565,10 @@ async def resume(
 
     async def resume_tx(conn: AsyncConnection) -> RowMapping:
         run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
-        if not await runs_q.make_due(conn, run_id=run_id):
+        if not await runs_q.make_due_for_resume(conn, run_id=run_id):
             raise InvalidState(f"run {run_id} is {run['status']!r}, not waiting")
         # A step waiting out its retry backoff tries again now; timers keep their time.
-        await conn.execute(
-            update(steps)
-            .where(steps.c.run_id == run_id, steps.c.status == StepStatus.RETRY_WAIT.value)
-            .values(next_attempt_at=now_expr(conn.dialect.name))
-        )
+        await steps_q.retry_backoffs_now(conn, run_id)
         await events_q.append(
             conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_RESUMED, actor=actor
         )

@@ -101,6 +101,12 @@ _DONE = (
     StepStatus.COMPENSATED,
     StepStatus.COMPENSATION_FAILED,
 )
+_UNDONE = (StepStatus.COMPENSATING, StepStatus.COMPENSATED, StepStatus.COMPENSATION_FAILED)
+
+
+def _undo_began(entry: RowMapping) -> bool:
+    # Twin of app/db/queries/steps.py compensation_began, on the loaded journal.
+    return entry["kind"] == "compensation" or StepStatus(entry["status"]) in _UNDONE
 
 
 class CancelPoint(BaseException):
@@ -238,7 +244,18 @@ class RunExecution:
         self.nondeterminism: NondeterminismError | None = None
         self.failure: Failed | None = None
         # A cancelled run is replayed only to rebuild its compensations, never to advance.
-        self.cancelling = run["status"] == RunStatus.CANCELLING.value
+        # The cancel request is durable (``cancel_requested_at``): whatever path brought
+        # the run back (requeue, retry, resume), its body never runs again.
+        self.cancelling = (
+            run["status"] == RunStatus.CANCELLING.value
+            or run.get("cancel_requested_at") is not None
+        )
+        # Likewise a run whose compensation began: the effects of its undone steps are
+        # gone, so their journaled results must never again feed new work. The journal
+        # decides, not only the status (docs/adr/0009-requeue-into-compensation.md).
+        self.compensating = not self.cancelling and (
+            run["status"] == RunStatus.COMPENSATING.value or any(_undo_began(r) for r in journal)
+        )
         self._registered: list[tuple[Compensation, Any]] = []
         # Attempts of each step interrupted by a lost worker (not counted as failures).
         self._lost: dict[str, int] = {}
@@ -365,18 +382,12 @@ class RunExecution:
             return Failed(RunReason.FAILURE_NONDETERMINISM, error_info(self.nondeterminism))
         if self.cancelling:
             return await self._compensate(ctx, None)
+        if self.compensating:
+            return await self._compensate(ctx, self._cause_being_undone(body))
         if self.failure is not None:
             return await self._compensate(ctx, self.failure)
         if self._suspends:
-            timed = [w for w in self._suspends if w.delay is not None]
-            first = min(timed, key=lambda w: w.delay or 0.0) if timed else self._suspends[0]
-            return Suspended(
-                first.status,
-                first.delay,
-                first.kind,
-                first.name,
-                tuple(w.wake_check for w in self._suspends if w.wake_check is not None),
-            )
+            return self._suspended()
         if body.cancelled():
             raise asyncio.CancelledError()
         escaped = body.exception()
@@ -396,19 +407,88 @@ class RunExecution:
         return await self.definition.fn(ctx, input_value)
 
     def cancel_point(self) -> None:
-        """Stop a cancelling run's replay where it would start new work.
+        """Stop an undoing run's replay where it would start new work.
+
+        A run being cancelled, or whose compensation began, is replayed only to rebuild
+        its registered compensations.
 
         Raises:
-            CancelPoint: the run is being cancelled.
+            CancelPoint: the run is being cancelled or compensated.
         """
-        if self.cancelling:
+        if self.cancelling or self.compensating:
             raise CancelPoint()
 
-    async def _compensate(self, ctx: ReplayContext, cause: Failed | None) -> Failed:
+    def _cause_being_undone(self, body: asyncio.Task[Any]) -> Failed:
+        """Why a ``compensating`` run is undone.
+
+        The failure recorded on the row when compensation began
+        (:func:`app.db.queries.runs.begin_compensation`, kept by a requeue), so the run
+        ends with its original reason even when the replay stops before reaching the
+        failure again (at a :class:`CancelPoint`, or the body even returns: such a run
+        must never complete). Without one, the failure the replay reached.
+        """
+        reason = self.run["reason"]
+        if reason is not None:
+            error = json.loads(self.run["error"]) if self.run["error"] else None
+            return Failed(RunReason(reason), error if isinstance(error, dict) else None)
+        if self.failure is not None:
+            return self.failure
+        escaped = None if body.cancelled() else body.exception()
+        if isinstance(escaped, Exception):
+            return self._failure_from(escaped)
+        return Failed(
+            RunReason.FAILURE_NON_RETRYABLE,
+            {
+                "type": "CompensationResumed",
+                "message": "the run's compensation began earlier; its cause is not recorded",
+            },
+        )
+
+    def _suspended(self, status: RunStatus | None = None) -> Suspended:
+        """The release the pending waits ask for (the soonest due one names the wait)."""
+        timed = [w for w in self._suspends if w.delay is not None]
+        first = min(timed, key=lambda w: w.delay or 0.0) if timed else self._suspends[0]
+        return Suspended(
+            status or first.status,
+            first.delay,
+            first.kind,
+            first.name,
+            tuple(w.wake_check for w in self._suspends if w.wake_check is not None),
+        )
+
+    async def _unless_suspended(self, work: Awaitable[Any]) -> bool:
+        """Await ``work`` unless it asks to release the run; False if it did.
+
+        A compensation that must wait (a retry due later than
+        ``TREADLE_INLINE_RETRY_MAX_SECONDS``) parks in :meth:`suspend`, like a body step;
+        it is stopped here so the run is released instead of holding its lease forever.
+
+        Raises:
+            StepFailed: ``work`` failed (and whatever else it raises).
+        """
+        task = asyncio.ensure_future(work)
+        ready = asyncio.ensure_future(self._ready.wait())
+        try:
+            await asyncio.wait({task, ready}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            ready.cancel()
+            if not task.done():
+                task.cancel()
+            await asyncio.gather(task, ready, return_exceptions=True)
+        if task.cancelled():
+            if not self._suspends:
+                raise asyncio.CancelledError()  # not ours: whoever cancelled it, stop too
+            return False
+        task.result()
+        return True
+
+    async def _compensate(self, ctx: ReplayContext, cause: Failed | None) -> Failed | Suspended:
         """Run registered compensations in reverse call order; ``cause`` None = cancel.
 
         Returns the terminal outcome: ``compensated`` / ``cancelled`` when every undo
-        succeeded, else ``failed`` listing the compensations that failed.
+        succeeded, else ``failed`` listing the compensations that failed; or
+        :class:`Suspended` (status ``compensating`` / ``cancelling``) when a compensation
+        must wait out a retry backoff: the run is released and resumes its undo when due.
         """
         if cause is not None and cause.reason == RunReason.FAILURE_NONDETERMINISM:
             return cause  # the code changed under the run: do not run its undo actions
@@ -417,18 +497,30 @@ class RunExecution:
             if cause is None:
                 return Failed(RunReason.CANCELED_BY_REQUEST, None, RunStatus.CANCELLED)
             return cause
+        status = RunStatus.CANCELLING if cause is None else RunStatus.COMPENSATING
         if cause is not None:
+            error = None if cause.error is None else json.dumps(cause.error)
 
             async def mark(conn: AsyncConnection) -> None:
-                await runs_q.set_leased_status(
-                    conn, run_id=self.run_id, fence=self.fence, status=RunStatus.COMPENSATING
+                await runs_q.begin_compensation(
+                    conn,
+                    run_id=self.run_id,
+                    fence=self.fence,
+                    reason=cause.reason.value,
+                    error=error,
                 )
 
             await self.write(mark)
+        # Waits the body asked for no longer matter: only the undo's own waits release.
+        self._suspends.clear()
+        self._ready.clear()
         failures: list[dict[str, Any]] = []
         for comp, result in sorted(registered, key=lambda c: c[0].seq, reverse=True):
             try:
-                await ctx.compensation_step(comp, result)
+                if not await self._unless_suspended(ctx.compensation_step(comp, result)):
+                    # Later compensations wait their turn: reverse order holds across the
+                    # release, and the ones already done are skipped on resume.
+                    return self._suspended(status)
                 outcome = StepStatus.COMPENSATED
             except StepFailed as exc:
                 failures.append({"step_id": comp.step_id, "error": exc.message})

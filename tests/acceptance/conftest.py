@@ -91,7 +91,8 @@ class Stack:
             except httpx.HTTPError:
                 return False
 
-        wait_for_sync(ready, timeout=90, what="API ready")  # slow under load
+        # Generous: on a loaded 2-core box the interpreter alone takes ~25 s to start.
+        wait_for_sync(ready, timeout=90, what="API ready")
 
     def start_worker(
         self,
@@ -164,8 +165,8 @@ def stack_env(database_url: str, tmp_path: Path) -> dict[str, str]:
 def stack(database_url: str, tmp_path: Path, stack_env: dict[str, str]) -> Iterator[Stack]:
     """A running API (no workers yet) on this test's database."""
     s = Stack(database_url=database_url, tmp=tmp_path, env=stack_env)
-    s.start_api()
     try:
+        s.start_api()  # inside the try: an API that never got ready is stopped too
         yield s
     finally:
         s.stop()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy import RowMapping, insert, select
+from sqlalchemy import RowMapping, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.ids import new_uuid7
@@ -49,3 +49,51 @@ async def list_for_run(
         .order_by(dead_letters.c.created_at)
     )
     return (await conn.execute(stmt)).mappings().all()
+
+
+async def lock_for_requeue(
+    conn: AsyncConnection, *, tenant_id: str, dead_letter_id: uuid.UUID
+) -> RowMapping | None:
+    """Read a tenant's dead letter and lock it until the transaction ends (None if absent).
+
+    Locked (PostgreSQL ``FOR UPDATE``; SQLite: the write lock) so a concurrent requeue
+    waits here and then sees ``requeued``, even if the run has failed again in between.
+    """
+    stmt = select(dead_letters).where(
+        dead_letters.c.dead_letter_id == dead_letter_id, dead_letters.c.tenant_id == tenant_id
+    )
+    if conn.dialect.name == "postgresql":
+        stmt = stmt.with_for_update()
+    return (await conn.execute(stmt)).mappings().first()
+
+
+async def pending_for_run(conn: AsyncConnection, run_id: uuid.UUID) -> RowMapping | None:
+    """The run's pending dead letter, if any (a failed run has exactly one)."""
+    stmt = select(dead_letters).where(
+        dead_letters.c.run_id == run_id, dead_letters.c.status == "pending"
+    )
+    return (await conn.execute(stmt)).mappings().first()
+
+
+async def mark_requeued(
+    conn: AsyncConnection,
+    *,
+    dead_letter_id: uuid.UUID,
+    actor: str,
+    reason: str,
+    correlation_id: str | None,
+) -> RowMapping:
+    """Record the requeue audit (who, why, correlation id) and return the updated row."""
+    await conn.execute(
+        update(dead_letters)
+        .where(dead_letters.c.dead_letter_id == dead_letter_id)
+        .values(
+            status="requeued",
+            requeued_at=now_expr(conn.dialect.name),
+            requeued_by=actor,
+            requeue_reason=reason,
+            correlation_id=correlation_id,
+        )
+    )
+    stmt = select(dead_letters).where(dead_letters.c.dead_letter_id == dead_letter_id)
+    return (await conn.execute(stmt)).mappings().one()

@@ -659,9 +659,10 @@ async def set_leased_status(
 async def request_cancel(conn: AsyncConnection, *, run_id: uuid.UUID, due: bool = True) -> None:
     """Move a live run to ``cancelling``: fence advanced, due now.
 
-    A worker then claims it to run its compensations (DESIGN §1: cancel triggers
-    compensation). ``due=False`` (a run waiting for a concurrency slot): it stays
-    unclaimable until a slot is granted to it.
+    A worker then claims it to run its compensations (docs/authoring.md#compensation:
+    cancel triggers compensation). ``due=False`` (a run waiting for a concurrency slot):
+    it stays unclaimable until a slot is granted to it. ``cancel_requested_at`` is set
+    once and never cleared.
     """
     now = now_expr(_dialect(conn))
     await conn.execute(
@@ -669,6 +670,9 @@ async def request_cancel(conn: AsyncConnection, *, run_id: uuid.UUID, due: bool 
         .where(runs.c.run_id == run_id)
         .values(
             status=RunStatus.CANCELLING.value,
+            # Kept for good: a requeue, retry or resume of this run undoes it again and
+            # never resumes its body (docs/adr/0009-requeue-into-compensation.md).
+            cancel_requested_at=func.coalesce(runs.c.cancel_requested_at, now),
             fence=runs.c.fence + 1,
             lease_owner=None,
             lease_expires_at=None,
@@ -694,6 +698,101 @@ async def make_due(conn: AsyncConnection, *, run_id: uuid.UUID) -> bool:
         .values(available_at=now, updated_at=now)
     )
     return (await conn.execute(stmt)).rowcount == 1
+
+
+async def make_due_for_resume(conn: AsyncConnection, *, run_id: uuid.UUID) -> bool:
+    """``POST /runs/{id}/resume``: make a run that waits for something claimable now.
+
+    Waiting runs (``retrying``, ``waiting_*``) and ``compensating`` / ``cancelling`` runs
+    that were released to wait out a compensation's retry backoff (no lease holder, a due
+    time set). A cancelling run waiting for a concurrency slot (no due time) or one a
+    worker holds is left alone: resuming never takes a run from under its lease.
+
+    Returns:
+        True if the run was made due.
+    """
+    now = now_expr(_dialect(conn))
+    undoing = and_(
+        runs.c.status.in_([RunStatus.COMPENSATING.value, RunStatus.CANCELLING.value]),
+        runs.c.lease_owner.is_(None),
+        runs.c.available_at.is_not(None),
+    )
+    stmt = (
+        update(runs)
+        .where(
+            runs.c.run_id == run_id,
+            or_(runs.c.status.in_([s.value for s in WAITING_STATUSES]), undoing),
+        )
+        .values(available_at=now, updated_at=now)
+    )
+    return (await conn.execute(stmt)).rowcount == 1
+
+
+async def begin_compensation(
+    conn: AsyncConnection,
+    *,
+    run_id: uuid.UUID,
+    fence: int,
+    reason: str,
+    error: str | None,
+) -> None:
+    """Mark a run we hold ``compensating``, recording the failure being undone.
+
+    ``reason`` and ``error`` (JSON text) are the failure that triggered compensation: kept
+    on the row while it is undone, so an execution that resumes the compensation (after a
+    release, a lost worker or a requeue) ends the run with the same reason even when its
+    replay stops before reaching the failure again.
+
+    Raises:
+        LeaseLost: the fence moved.
+    """
+    stmt = (
+        update(runs)
+        .where(_held(run_id, fence))
+        .values(
+            status=RunStatus.COMPENSATING.value,
+            reason=reason,
+            error=error,
+            updated_at=now_expr(_dialect(conn)),
+        )
+    )
+    if (await conn.execute(stmt)).rowcount != 1:
+        raise LeaseLost(run_id)
+
+
+async def requeue_run(
+    conn: AsyncConnection,
+    *,
+    run_id: uuid.UUID,
+    status: RunStatus,
+    reason: str | None,
+    error: str | None,
+    concurrency_slot: int | None,
+    blocked_reason: str | None,
+) -> None:
+    """Put a failed run back to work as ``status``: queued, compensating or cancelling.
+
+    Claimable now unless it waits for a concurrency slot (``blocked_reason``).
+    ``reason`` / ``error``: what a ``compensating`` run is undoing (None otherwise). The
+    run's old slot number is overwritten: another run may hold it by now.
+    """
+    now = now_expr(_dialect(conn))
+    await conn.execute(
+        update(runs)
+        .where(runs.c.run_id == run_id)
+        .values(
+            status=status.value,
+            reason=reason,
+            error=error,
+            output=None,
+            finished_at=None,
+            concurrency_slot=concurrency_slot,
+            not_before=None,
+            blocked_reason=blocked_reason,
+            available_at=None if blocked_reason else now,
+            updated_at=now,
+        )
+    )
 
 
 async def lock_run(
@@ -737,6 +836,7 @@ async def cancel_run(conn: AsyncConnection, *, run_id: uuid.UUID, tenant_id: str
         .values(
             status=RunStatus.CANCELLED.value,
             reason="canceled_by_request",
+            cancel_requested_at=func.coalesce(runs.c.cancel_requested_at, now),
             fence=runs.c.fence + 1,
             lease_owner=None,
             lease_expires_at=None,

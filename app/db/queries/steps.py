@@ -376,3 +376,128 @@ async def count_kind(conn: AsyncConnection, run_id: uuid.UUID, kind: str) -> int
     """Journal entries of one kind in a run (e.g. ``child``: the children ceiling)."""
     stmt = select(func.count()).where(steps.c.run_id == run_id, steps.c.kind == kind)
     return int((await conn.execute(stmt)).scalar_one())
+
+
+# Statuses of a step that ended without succeeding: what a requeue starts over.
+_ENDED_UNSUCCESSFULLY = [
+    StepStatus.FAILED.value,
+    StepStatus.TIMED_OUT.value,
+    StepStatus.CANCELLED.value,
+]
+# Statuses a step whose undo has begun takes (``_compensate`` in app/engine/executor.py).
+_UNDONE = [
+    StepStatus.COMPENSATING.value,
+    StepStatus.COMPENSATED.value,
+    StepStatus.COMPENSATION_FAILED.value,
+]
+
+
+def compensation_began_clause() -> Any:
+    """SQL condition on ``steps``: the entry shows the run's compensation began."""
+    return (steps.c.kind == "compensation") | steps.c.status.in_(_UNDONE)
+
+
+async def compensation_began(conn: AsyncConnection, run_id: uuid.UUID) -> bool:
+    """True once any compensation of the run was journaled or any step was undone.
+
+    From then on the run's body results no longer stand, so the run may only be undone
+    further, never resumed (docs/adr/0009-requeue-into-compensation.md).
+    """
+    stmt = select(steps.c.step_id).where(steps.c.run_id == run_id, compensation_began_clause())
+    return (await conn.execute(stmt.limit(1))).first() is not None
+
+
+async def reopen_failed_compensations(conn: AsyncConnection, run_id: uuid.UUID) -> int:
+    """Start the run's failed (timed-out, cancelled) compensations over; returns how many.
+
+    Only those: compensations that succeeded stay done, and body steps are not touched
+    (the requeued run is undone, not resumed). Attempts reset, as for a requeued step.
+    """
+    result = await conn.execute(
+        update(steps)
+        .where(
+            steps.c.run_id == run_id,
+            steps.c.kind == "compensation",
+            steps.c.status.in_(_ENDED_UNSUCCESSFULLY),
+        )
+        .values(
+            status=StepStatus.PENDING.value,
+            attempt=0,
+            next_attempt_at=None,
+            finished_at=None,
+        )
+    )
+    return int(result.rowcount or 0)
+
+
+async def reopen_failed_body_steps(conn: AsyncConnection, run_id: uuid.UUID) -> list[uuid.UUID]:
+    """Start a requeued run's failed work over, from its failed point.
+
+    Failed, timed-out and cancelled steps and transactions go back to ``pending`` with
+    their attempts reset; timed-out signal and approval waits wait again for their
+    original timeout, counted from now; failed (or cancelled) joined children are joined
+    again, so a child that completes meanwhile, or is requeued with its parent, satisfies
+    the parent's ``ctx.child``.
+
+    Returns:
+        The run ids of the children whose join was reopened (the caller requeues those
+        that are failed).
+    """
+    dialect = conn.dialect.name
+    await conn.execute(
+        update(steps)
+        .where(
+            steps.c.run_id == run_id,
+            steps.c.kind.in_(["step", "transaction"]),
+            steps.c.status.in_(_ENDED_UNSUCCESSFULLY),
+        )
+        .values(status=StepStatus.PENDING.value, attempt=0, next_attempt_at=None)
+    )
+    waits = (
+        await conn.execute(
+            select(steps.c.step_id, steps.c.detail).where(
+                steps.c.run_id == run_id,
+                steps.c.kind.in_(["signal", "approval"]),
+                steps.c.status == StepStatus.TIMED_OUT.value,
+            )
+        )
+    ).all()
+    for step_id, detail in waits:
+        timeout = (json.loads(detail) or {}).get("timeout")
+        await conn.execute(
+            update(steps)
+            .where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+            .values(
+                status=StepStatus.WAITING.value,
+                deadline=None if timeout is None else now_plus(dialect, float(timeout)),
+                finished_at=None,
+                error=None,
+            )
+        )
+    children = (
+        await conn.execute(
+            update(steps)
+            .where(
+                steps.c.run_id == run_id,
+                steps.c.kind == "child",
+                steps.c.status.in_(_ENDED_UNSUCCESSFULLY),
+            )
+            .values(status=StepStatus.WAITING.value, finished_at=None, error=None)
+            .returning(steps.c.detail)
+        )
+    ).scalars()
+    found: list[uuid.UUID] = []
+    for detail in children:
+        info = json.loads(detail) or {}
+        if info.get("child_run_id") and not info.get("detached"):
+            found.append(uuid.UUID(info["child_run_id"]))
+    return found
+
+
+async def retry_backoffs_now(conn: AsyncConnection, run_id: uuid.UUID) -> None:
+    """Steps waiting out a retry backoff (compensations too) try again now (resume)."""
+    await conn.execute(
+        update(steps)
+        .where(steps.c.run_id == run_id, steps.c.status == StepStatus.RETRY_WAIT.value)
+        .values(next_attempt_at=now_expr(conn.dialect.name))
+    )
