@@ -474,7 +474,9 @@ class Worker:
             )
 
         try:
-            await self.db.write_retrying(release, what="release")
+            # The lease pool, like heartbeats: a drain or a fault's give-back must not
+            # queue behind the steps still holding the main pool.
+            await self.db.lease_write_retrying(release, what="release")
             self.stats.released += 1
         except LeaseLost:
             pass
@@ -491,7 +493,10 @@ class Worker:
             # its result: a run claimed concurrently may be missing from it.
             before = dict(self._active)
             try:
-                async with self.db.write() as conn:
+                # The lease pool: no step's transaction can hold this connection, so a
+                # worker whose main pool is taken by long transactional steps still
+                # renews their leases (and its other runs' leases) on time.
+                async with self.db.lease_write() as conn:
                     held = await runs_q.renew_leases(
                         conn,
                         worker_id=self.worker_id,

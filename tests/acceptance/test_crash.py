@@ -122,6 +122,7 @@ def _lease_expired(stack: Stack, run_id: str) -> bool:
     return asyncio.run(probe())
 
 
+@pytest.mark.timeout(300)  # several interpreters start on a loaded machine
 def test_worker_paused_past_its_lease_resumes_without_running_steps_twice(stack: Stack) -> None:
     """SIGSTOP a lone worker mid-step past its lease, SIGCONT it: the run just completes.
 
