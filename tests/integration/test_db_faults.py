@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import prometheus_client
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import func, select, text
@@ -942,3 +943,59 @@ async def test_a_runs_error_never_shows_sql(database_url: str, tmp_path: Path) -
     # statement's message (the statement, its parameters) is gone from every copy.
     for shown in [row["error"], *step_errors, *event_data, *letters]:
         assert shown is None or ("[SQL:" not in shown and "[parameters:" not in shown), shown
+
+
+# --- pool saturation is visible, and never reaches heartbeats -----------------------------
+
+
+def sample(name: str, pool: str) -> float:
+    """A ``treadle_db_pool_*`` sample of this process (0 before its first observation)."""
+    return prometheus_client.REGISTRY.get_sample_value(name, {"pool": pool}) or 0.0
+
+
+async def test_a_saturated_pool_shows_in_metrics_and_leases_still_renew(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The main pool's one connection is held: a checkpoint waits, the heartbeat does not.
+
+    ``treadle_db_pool_in_use_connections`` and ``treadle_db_pool_waiting_checkouts`` show
+    the saturation while it lasts and ``treadle_db_pool_wait_seconds`` counts the wait;
+    meanwhile a lease renewal on the lease pool commits at once.
+    """
+    settings = make_settings(database_url, tmp_path, db_pool_size=1, db_pool_timeout_seconds=60)
+    db = Database(settings)
+    run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-held", key="pool")
+    async with db.write() as conn:
+        (claimed,) = await runs_q.claim_runs(
+            conn, worker_id="w", definition_keys=REGISTRY.keys, limit=1, lease_ttl=60
+        )
+    assert sample("treadle_db_pool_size_connections", "lease") >= 1
+    in_use = sample("treadle_db_pool_in_use_connections", "main")
+    waits = sample("treadle_db_pool_wait_seconds_count", "main")
+    try:
+        # The main pool's only connection, checked out (no statement: on SQLite that would
+        # BEGIN IMMEDIATE and take the database's write lock, which is not the point here).
+        async with db.engine.connect():
+            assert sample("treadle_db_pool_in_use_connections", "main") == in_use + 1
+
+            async def touch(conn: AsyncConnection) -> None:
+                await conn.execute(select(1))
+
+            queued = asyncio.create_task(db.write_retrying(touch, what="queued"))
+
+            async def waiting() -> bool:
+                return sample("treadle_db_pool_waiting_checkouts", "main") >= 1
+
+            await wait_for(waiting, timeout=20, what="a caller waiting for the main pool")
+            async with db.lease_write() as conn:  # the heartbeat's pool: not waiting
+                held = await runs_q.renew_leases(
+                    conn, worker_id="w", run_ids=[run_id], lease_ttl=60
+                )
+            assert held == {run_id: claimed["fence"]}
+            assert not queued.done()
+        await asyncio.wait_for(queued, 30)
+        assert sample("treadle_db_pool_waiting_checkouts", "main") == 0
+        assert sample("treadle_db_pool_wait_seconds_count", "main") > waits
+        assert sample("treadle_db_pool_in_use_connections", "main") == in_use
+    finally:
+        await db.dispose()
