@@ -999,3 +999,44 @@ async def test_a_saturated_pool_shows_in_metrics_and_leases_still_renew(
         assert sample("treadle_db_pool_in_use_connections", "main") == in_use
     finally:
         await db.dispose()
+
+
+@SQLITE_ONLY
+async def test_sqlite_full_database_is_a_503_over_http_and_stores_nothing(
+    database_url: str, tmp_path: Path
+) -> None:
+    """SQLite's "database or disk is full" on ``POST /runs``: 503, no SQL, nothing stored.
+
+    ``max_page_count`` caps the file on the process's one writer connection (SQLite's
+    own ``SQLITE_FULL``, as a full disk gives); once lifted, the same request creates the
+    run, once.
+    """
+    db = Database(make_settings(database_url, tmp_path))
+    async with db.write() as conn:
+        await REGISTRY.register(conn)
+    body = {
+        "workflow": "fault-held",
+        "input": {"key": "k" * 100_000},
+        "idempotency_key": "full-1",
+    }
+    try:
+        async with support.api_client(db.settings, db, TENANT) as client:
+            async with db.write() as conn:
+                await conn.exec_driver_sql("PRAGMA max_page_count = 1")
+            refused = await client.post("/runs", json=body)
+            listed = await client.get("/runs")
+            async with db.write() as conn:
+                await conn.exec_driver_sql("PRAGMA max_page_count = 1073741823")
+            accepted = await client.post("/runs", json=body)
+            again = await client.post("/runs", json=body)
+    finally:
+        await db.dispose()
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.headers["retry-after"] == "2"
+    assert refused.json()["code"] == "database_unavailable"
+    for fragment in ("INSERT", "[SQL", "[parameters", "runs"):
+        assert fragment not in refused.json()["detail"], refused.text
+    assert (listed.status_code, listed.json()["items"]) == (200, [])
+    assert accepted.status_code == 201, accepted.text  # the refused one stored nothing
+    assert (again.status_code, again.json()["run_id"]) == (200, accepted.json()["run_id"])
