@@ -81,32 +81,39 @@ class Database:
                 path.parent.mkdir(parents=True, exist_ok=True)
             self.engine = self._sqlite_engine(immediate=True)
             self.read_engine = self._sqlite_engine(immediate=False)
-            # A file database: a second writer connection, serialized with the first by
-            # SQLite's own lock (busy timeout) rather than queued behind it in our pool.
-            self.lease_engine = (
-                self._sqlite_engine(immediate=True, writers=LEASE_POOL_SIZE)
-                if path is not None
-                else self.engine
-            )
         elif self.dialect == "postgresql":
             self.engine = self._pg_engine(settings.db_pool_size, pre_ping=pre_ping)
             self.read_engine = self.engine
-            # Pre-pinged: one round trip per heartbeat is nothing, and after a server
-            # restart the first heartbeat must not be the statement that finds out.
-            self.lease_engine = self._pg_engine(LEASE_POOL_SIZE, pre_ping=True)
         else:
             raise ValueError(
                 f"TREADLE_DATABASE_URL: unsupported database {self.dialect!r}; "
                 "use postgresql+asyncpg:// or sqlite+aiosqlite://"
             )
-        self._pools: dict[str, AsyncEngine] = {"main": self.engine, "lease": self.lease_engine}
+        self._pools: dict[str, AsyncEngine] = {"main": self.engine}
         if self.read_engine is not self.engine:
             self._pools["read"] = self.read_engine
         self._sizes: dict[str, int] = {}
         for name, engine in self._pools.items():
-            if name == "lease" and engine is self.engine:
-                continue
             self._instrument(name, engine)
+
+    def _lease_engine(self) -> AsyncEngine:
+        """The lease pool's engine, built on first use (API processes never need one)."""
+        engine = self._pools.get("lease")
+        if engine is not None:
+            return engine
+        if self.dialect == "postgresql":
+            # Pre-pinged: one round trip per heartbeat is nothing, and after a server
+            # restart the first heartbeat must not be the statement that finds out.
+            engine = self._pg_engine(LEASE_POOL_SIZE, pre_ping=True)
+        elif _sqlite_path(self.url) is not None:
+            # A second writer connection, serialized with the first by SQLite's own lock
+            # (the busy timeout) rather than queued behind it in our pool.
+            engine = self._sqlite_engine(immediate=True, writers=LEASE_POOL_SIZE)
+        else:
+            return self.engine  # an in-memory database exists on its one connection only
+        self._pools["lease"] = engine
+        self._instrument("lease", engine)
+        return engine
 
     def _pg_engine(self, pool_size: int, *, pre_ping: bool) -> AsyncEngine:
         timeout_ms = int(self.settings.db_statement_timeout_seconds * 1000)
@@ -181,7 +188,8 @@ class Database:
         waiting.inc()
         started = time.perf_counter()
         try:
-            conn = await self._pools[pool].connect()
+            engine = self._lease_engine() if pool == "lease" else self._pools[pool]
+            conn = await engine.connect()
         finally:
             waiting.dec()
             metrics.DB_POOL_WAIT.labels(pool).observe(time.perf_counter() - started)

@@ -39,6 +39,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app.core import json
@@ -109,9 +111,17 @@ async def attempt(
     )
     token = _current_step.set(info)
 
+    # Where the last attempt got to: an error before the function ran (checkout, BEGIN)
+    # is the database's whatever its type; inside it, only an error the database raised
+    # can be a fault (a step may raise ConnectionError about its own business).
+    in_function = False
+
     async def once() -> str:
+        nonlocal in_function
+        in_function = False
         async with ex.db.write() as conn:
             session = session_for(conn)
+            in_function = True
             try:
                 call = fn(session, *args)
                 value = await asyncio.wait_for(call, timeout) if timeout else await call
@@ -119,6 +129,7 @@ async def attempt(
                 await session.commit()
             finally:
                 await session.close()
+            in_function = False
             try:
                 payload = adapter.dump_python(adapter.validate_python(value), mode="json")
                 text = json.dumps_limited(payload, ex.settings.max_payload_bytes, "step output")
@@ -167,7 +178,8 @@ async def attempt(
         return await ex._after_error(step_id, retry, attempt, exc, timed_out=timeout)
     except Exception as exc:  # any other error is retryable by contract, but faults
         fault = classify(exc)
-        if fault is not None and not fault.may_be_the_callers:
+        raised_by_database = not in_function or isinstance(exc, (DBAPIError, PoolTimeout))
+        if fault is not None and raised_by_database and not fault.may_be_the_callers:
             # The database's fault, not the function's (unreachable, no pooled connection,
             # disk full, a system error, an unknown SQLSTATE): the transaction rolled back,
             # so nothing happened; the run is given back instead of spending an attempt.
