@@ -202,6 +202,30 @@ _FAULT_PROBLEMS: dict[DbFault, tuple[str, str]] = {
         "database_timeout",
         "a database statement took longer than the statement timeout; retry shortly",
     ),
+    DbFault.LOCK_TIMEOUT: (
+        "database_timeout",
+        "a database lock was not granted within the lock timeout; retry shortly",
+    ),
+    DbFault.OBJECT_STATE: (
+        "database_conflict",
+        "a database object was in use by concurrent work; retry shortly",
+    ),
+    DbFault.INSUFFICIENT_RESOURCES: (
+        "database_unavailable",
+        "the database is out of a resource (disk, memory, connections); retry later",
+    ),
+    DbFault.SYSTEM_ERROR: (
+        "database_unavailable",
+        "the database reported a system error; retry later",
+    ),
+    DbFault.TRANSACTION_ROLLBACK: (
+        "database_conflict",
+        "the database rolled the request's transaction back; retry shortly",
+    ),
+    DbFault.OTHER: (
+        "database_unavailable",
+        "the database could not complete the request; retry later",
+    ),
     DbFault.DEADLOCK: (
         "database_conflict",
         "the request kept conflicting with concurrent work (deadlock); retry shortly",
@@ -224,6 +248,7 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     if fault is None:
         return await _unexpected(request, exc)
     metrics.DB_FAULTS.labels(fault.value).inc()
+    # The log (operators only) keeps the statement; the response never carries SQL.
     log.warning("database fault", fault=fault.value, path=request.url.path, error=str(exc)[:300])
     code, detail = _FAULT_PROBLEMS[fault]
     return problem(

@@ -213,8 +213,10 @@ class CheckpointFault(BaseException):
 
     Raised by the executor's checkpoint writes when the database is unreachable, no pooled
     connection came free in time, PostgreSQL's ``statement_timeout`` cancelled a statement,
-    or a deadlock / serialization failure / SQLite lock outlasted
-    ``TREADLE_DB_RETRY_ATTEMPTS``. Nothing of that checkpoint was written. Like
+    a deadlock / serialization failure / SQLite lock outlasted
+    ``TREADLE_DB_RETRY_ATTEMPTS``, or any other fault :func:`app.db.faults.classify` names
+    (lock timeout, disk full, a system error, an unlisted SQLSTATE); and by a transactional
+    step meeting a fault its own queries cannot cause. Nothing of that write was kept. Like
     :class:`LeaseLost` it derives from ``BaseException`` so workflow code cannot swallow
     it with ``except Exception``, and the fault never fails the run: the worker gives the
     run back and it resumes later from its journal.

@@ -89,3 +89,26 @@ RUNS_BLOCKED = Gauge(
     "Open runs whose pinned workflow version no live worker has registered, by workflow.",
     ["workflow"],
 )
+DB_POOL_SIZE = Gauge(
+    "treadle_db_pool_size_connections",
+    "Connections each database pool of this process may open, by pool (main, read: "
+    "SQLite readers, lease: heartbeats and lease releases).",
+    ["pool"],
+)
+DB_POOL_IN_USE = Gauge(
+    "treadle_db_pool_in_use_connections",
+    "Pooled database connections checked out right now, by pool.",
+    ["pool"],
+)
+DB_POOL_WAITING = Gauge(
+    "treadle_db_pool_waiting_checkouts",
+    "Callers waiting for a pooled database connection right now, by pool (above zero for "
+    "long: the pool is saturated; past TREADLE_DB_POOL_TIMEOUT_SECONDS they fail).",
+    ["pool"],
+)
+DB_POOL_WAIT = Histogram(
+    "treadle_db_pool_wait_seconds",
+    "Time to get a pooled database connection (queueing, plus connecting a new one), by pool.",
+    ["pool"],
+    buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30),
+)

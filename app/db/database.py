@@ -8,6 +8,7 @@ never begin or commit.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
 from pathlib import Path
@@ -18,11 +19,15 @@ from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
+from app.core import metrics
 from app.core.settings import Settings
 from app.db.dialect import now_expr
 from app.db.faults import retry_conflicts
 
 T = TypeVar("T")
+
+LEASE_POOL_SIZE = 1
+"""Connections of the lease pool (:meth:`Database.lease_write`): heartbeats and releases."""
 
 
 def _sqlite_path(url: str) -> Path | None:
@@ -45,6 +50,15 @@ class Database:
     connection checked out queues for one, up to ``TREADLE_DB_POOL_TIMEOUT_SECONDS``, then
     gets ``sqlalchemy.exc.TimeoutError`` (the API's 503 ``database_busy``). On PostgreSQL
     every connection carries ``statement_timeout`` = ``TREADLE_DB_STATEMENT_TIMEOUT_SECONDS``.
+
+    ``lease_write()`` uses a pool of its own, one connection (:data:`LEASE_POOL_SIZE`)
+    opened on first use, for a worker's heartbeats and lease releases only: no step,
+    however long its transaction, can starve them of a connection, and a live worker's
+    leases are renewed whatever its main pool is doing (docs/deployment.md, pool sizing).
+
+    Each pool reports its size, connections in use, callers waiting and their wait
+    (``treadle_db_pool_*``, label ``pool`` = ``main``, ``read`` (SQLite readers) or
+    ``lease``).
 
     Args:
         settings: URL, pool sizes and timeouts.
@@ -69,32 +83,71 @@ class Database:
             self.engine = self._sqlite_engine(immediate=True)
             self.read_engine = self._sqlite_engine(immediate=False)
         elif self.dialect == "postgresql":
-            timeout_ms = int(settings.db_statement_timeout_seconds * 1000)
-            self.engine = create_async_engine(
-                self.url,
-                pool_size=settings.db_pool_size,
-                max_overflow=0,
-                pool_timeout=settings.db_pool_timeout_seconds,
-                # A SELECT 1 round trip per checkout (SQLAlchemy "pessimistic" disconnect
-                # handling). Workers turn it off: a connection that died with a server
-                # restart fails its first statement instead, before anything reached the
-                # server, SQLAlchemy then drops every older pooled connection, and workers
-                # already give the run back after such a fault and retry claims.
-                pool_pre_ping=pre_ping,
-                # The server's statement_timeout rather than asyncpg's command_timeout: the
-                # server cancels the statement and frees its locks, the connection stays
-                # usable, and the error (SQLSTATE 57014) cannot be mistaken for the
-                # TimeoutError of a step's own timeout.
-                connect_args={"server_settings": {"statement_timeout": str(timeout_ms)}},
-            )
+            self.engine = self._pg_engine(settings.db_pool_size, pre_ping=pre_ping)
             self.read_engine = self.engine
         else:
             raise ValueError(
                 f"TREADLE_DATABASE_URL: unsupported database {self.dialect!r}; "
                 "use postgresql+asyncpg:// or sqlite+aiosqlite://"
             )
+        self._pools: dict[str, AsyncEngine] = {"main": self.engine}
+        if self.read_engine is not self.engine:
+            self._pools["read"] = self.read_engine
+        self._sizes: dict[str, int] = {}
+        for name, engine in self._pools.items():
+            self._instrument(name, engine)
 
-    def _sqlite_engine(self, *, immediate: bool) -> AsyncEngine:
+    def _lease_engine(self) -> AsyncEngine:
+        """The lease pool's engine, built on first use (API processes never need one)."""
+        engine = self._pools.get("lease")
+        if engine is not None:
+            return engine
+        if self.dialect == "postgresql":
+            # Pre-pinged: one round trip per heartbeat is nothing, and after a server
+            # restart the first heartbeat must not be the statement that finds out.
+            engine = self._pg_engine(LEASE_POOL_SIZE, pre_ping=True)
+        elif _sqlite_path(self.url) is not None:
+            # A second writer connection, serialized with the first by SQLite's own lock
+            # (the busy timeout) rather than queued behind it in our pool.
+            engine = self._sqlite_engine(immediate=True, writers=LEASE_POOL_SIZE)
+        else:
+            return self.engine  # an in-memory database exists on its one connection only
+        self._pools["lease"] = engine
+        self._instrument("lease", engine)
+        return engine
+
+    def _pg_engine(self, pool_size: int, *, pre_ping: bool) -> AsyncEngine:
+        timeout_ms = int(self.settings.db_statement_timeout_seconds * 1000)
+        return create_async_engine(
+            self.url,
+            pool_size=pool_size,
+            max_overflow=0,
+            pool_timeout=self.settings.db_pool_timeout_seconds,
+            # A SELECT 1 round trip per checkout (SQLAlchemy "pessimistic" disconnect
+            # handling). Workers turn it off: a connection that died with a server
+            # restart fails its first statement instead, before anything reached the
+            # server, SQLAlchemy then drops every older pooled connection, and workers
+            # already give the run back after such a fault and retry claims.
+            pool_pre_ping=pre_ping,
+            # The server's statement_timeout rather than asyncpg's command_timeout: the
+            # server cancels the statement and frees its locks, the connection stays
+            # usable, and the error (SQLSTATE 57014) cannot be mistaken for the
+            # TimeoutError of a step's own timeout.
+            connect_args={"server_settings": {"statement_timeout": str(timeout_ms)}},
+        )
+
+    def _instrument(self, name: str, engine: AsyncEngine) -> None:
+        # Pool events fire on checkout and on return (also of an invalidated connection),
+        # so the gauge counts exactly the connections handed out and not yet returned.
+        in_use = metrics.DB_POOL_IN_USE.labels(name)
+        event.listen(engine.sync_engine, "checkout", lambda *_: in_use.inc())
+        event.listen(engine.sync_engine, "checkin", lambda *_: in_use.dec())
+        size = getattr(engine.sync_engine.pool, "size", None)
+        if callable(size):
+            self._sizes[name] = int(size())
+            metrics.DB_POOL_SIZE.labels(name).inc(self._sizes[name])
+
+    def _sqlite_engine(self, *, immediate: bool, writers: int = 1) -> AsyncEngine:
         busy_ms = int(self.settings.sqlite_busy_timeout_seconds * 1000)
         pool: dict[str, Any] = {}
         if _sqlite_path(self.url) is not None:
@@ -105,7 +158,7 @@ class Database:
                 # aiosqlite engine a NullPool (2.1 a queue pool), and the dependency
                 # range admits both (docs/adr/0014-packaging.md).
                 "poolclass": AsyncAdaptedQueuePool,
-                "pool_size": 1 if immediate else self.settings.db_pool_size,
+                "pool_size": writers if immediate else self.settings.db_pool_size,
                 "max_overflow": 0,
                 "pool_timeout": self.settings.db_pool_timeout_seconds,
             }
@@ -134,10 +187,55 @@ class Database:
         return engine
 
     @contextlib.asynccontextmanager
+    async def _connect(self, pool: str) -> AsyncIterator[AsyncConnection]:
+        """Check a connection out of ``pool`` (timing the wait), return it on exit."""
+        waiting = metrics.DB_POOL_WAITING.labels(pool)
+        waiting.inc()
+        started = time.perf_counter()
+        try:
+            engine = self._lease_engine() if pool == "lease" else self._pools[pool]
+            conn = await engine.connect()
+        finally:
+            waiting.dec()
+            metrics.DB_POOL_WAIT.labels(pool).observe(time.perf_counter() - started)
+        try:
+            yield conn
+        finally:
+            await conn.close()
+
+    @contextlib.asynccontextmanager
     async def write(self) -> AsyncIterator[AsyncConnection]:
         """Open a write transaction; commits on success, rolls back on any exception."""
-        async with self.engine.begin() as conn:
+        async with self._connect("main") as conn, conn.begin():
             yield conn
+
+    @contextlib.asynccontextmanager
+    async def lease_write(self) -> AsyncIterator[AsyncConnection]:
+        """:meth:`write` on the lease pool: heartbeats and lease releases, nothing else.
+
+        Its connection is never used by steps or requests, so a worker's main pool held
+        by long transactional steps cannot delay the heartbeat that keeps their leases.
+        """
+        async with self._connect("lease") as conn, conn.begin():
+            yield conn
+
+    async def lease_write_retrying(
+        self, fn: Callable[[AsyncConnection], Awaitable[T]], *, what: str = "lease"
+    ) -> T:
+        """:meth:`write_retrying` on the lease pool (see :meth:`lease_write`).
+
+        Returns:
+            What ``fn`` returned in the attempt that committed.
+
+        Raises:
+            Whatever ``fn`` or the commit raised; a conflict once the attempts ran out.
+        """
+
+        async def once() -> T:
+            async with self.lease_write() as conn:
+                return await fn(conn)
+
+        return await retry_conflicts(once, attempts=self.settings.db_retry_attempts, what=what)
 
     async def write_retrying(
         self, fn: Callable[[AsyncConnection], Awaitable[T]], *, what: str = "transaction"
@@ -196,13 +294,14 @@ class Database:
         ``BEGIN``/``COMMIT`` round trips. PostgreSQL only; the isolation level is reset
         when the connection returns to the pool (SQLAlchemy's per-connection option).
         """
-        async with self.engine.connect() as conn:
+        async with self._connect("main") as conn:
             yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
     @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
         """Open a read-only-by-convention transaction (rolled back at the end)."""
-        async with self.read_engine.connect() as conn, conn.begin():
+        pool = "read" if "read" in self._pools else "main"
+        async with self._connect(pool) as conn, conn.begin():
             yield conn
 
     async def now(self) -> datetime:
@@ -211,10 +310,12 @@ class Database:
             return await fetch_now(conn, self.dialect)
 
     async def dispose(self) -> None:
-        """Close every pooled connection."""
-        await self.engine.dispose()
-        if self.read_engine is not self.engine:
-            await self.read_engine.dispose()
+        """Close every pooled connection (each pool stops counting in ``treadle_db_pool_*``)."""
+        for name, size in self._sizes.items():
+            metrics.DB_POOL_SIZE.labels(name).dec(size)
+        self._sizes = {}
+        for engine in {id(e): e for e in self._pools.values()}.values():
+            await engine.dispose()
 
 
 async def fetch_now(conn: AsyncConnection, dialect: str) -> datetime:

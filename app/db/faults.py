@@ -1,47 +1,78 @@
 """Transient database faults: naming them, and re-running transactions that conflicted.
 
 A *transient* fault is one the database or the pool reports when nothing is wrong with
-the request itself; the same request succeeds later. :func:`classify` names it:
+the request itself; the same request succeeds later. :func:`classify` names it by the
+error's SQLSTATE **class** (PostgreSQL manual, Appendix A "PostgreSQL Error Codes"), or by
+SQLite's primary result code, so that a fault nobody listed yet defaults to "503, and the
+run waits" rather than to "the workflow failed":
 
-====================== =========================================================== ========
-fault                  raised when                                                 retried
-====================== =========================================================== ========
-``unavailable``        the server cannot be reached or dropped the connection      no
-                       (connection refused, SQLSTATE class 08, 57P01-57P03, 53300,
-                       a connection SQLAlchemy invalidated, other SQLite
-                       ``OperationalError``)
-``pool_timeout``       no pooled connection was freed within                       no
-                       ``TREADLE_DB_POOL_TIMEOUT_SECONDS`` (``sqlalchemy.exc
-                       .TimeoutError``)
-``statement_timeout``  PostgreSQL cancelled a statement after                      no
-                       ``TREADLE_DB_STATEMENT_TIMEOUT_SECONDS`` (SQLSTATE 57014)
-``deadlock``           PostgreSQL broke a lock cycle by aborting this transaction  yes
-                       (SQLSTATE 40P01)
-``serialization_failure`` a concurrent update made this transaction unserializable yes
-                       (SQLSTATE 40001)
-``locked``             SQLite's write lock stayed taken past the busy timeout      yes
-                       (``database is locked``)
-====================== =========================================================== ========
+========================== =================================================== ========
+fault                      raised when                                         retried
+========================== =================================================== ========
+``unavailable``            the server cannot be reached or dropped the         no
+                           connection: connection refused, class 08, class 57
+                           but 57014 (57P01 admin shutdown, 57P02, 57P03,
+                           57P04, 57P05), 53300 too many connections, 25006 a
+                           read-only server (a failover in progress), 25P03, a
+                           connection SQLAlchemy invalidated, SQLite
+                           ``SQLITE_CANTOPEN`` / ``SQLITE_READONLY``
+``pool_timeout``           no pooled connection was freed within               no
+                           ``TREADLE_DB_POOL_TIMEOUT_SECONDS``
+                           (``sqlalchemy.exc.TimeoutError``)
+``statement_timeout``      PostgreSQL cancelled a statement (57014: the        no
+                           ``TREADLE_DB_STATEMENT_TIMEOUT_SECONDS`` timeout,
+                           or an operator's ``pg_cancel_backend``)
+``lock_timeout``           a lock was not granted in time (55P03, e.g.         no
+                           ``lock_timeout``)
+``object_state``           any other class 55 error (55006 object in use)      no
+``insufficient_resources`` class 53 but 53300 (53100 disk full, 53200 out of   no
+                           memory), SQLite ``SQLITE_FULL`` / ``SQLITE_NOMEM``
+``system_error``           class 58 (I/O error), class XX (internal error,     no
+                           corruption), SQLite ``SQLITE_IOERR`` /
+                           ``SQLITE_CORRUPT`` / ``SQLITE_NOTADB``
+``transaction_rollback``   class 40 but the three below and 40002 (40003       no
+                           statement completion unknown)
+``other``                  any other SQLSTATE or SQLite code that is not the   no
+                           caller's fault (see below)
+``deadlock``               PostgreSQL broke a lock cycle by aborting this      yes
+                           transaction (40P01)
+``serialization_failure``  a concurrent update made this transaction           yes
+                           unserializable (40001)
+``locked``                 SQLite's write lock stayed taken past the busy      yes
+                           timeout (``SQLITE_BUSY`` / ``SQLITE_LOCKED``)
+========================== =================================================== ========
+
+What is **the caller's fault** is an explicit list (:data:`CALLER_FAULT_CLASSES`,
+:data:`CALLER_FAULT_SQLSTATES`, :data:`CALLER_FAULT_SQLITE`): the statement or its data is
+wrong (syntax, a missing table, a constraint violation, a bad value, a ``RAISE`` of
+PL/pgSQL code, a program limit), so the same request fails again. Those are not faults:
+they surface as they are (a 500 or a domain error in the API, a failed attempt in a
+transactional step).
 
 Only the last three are *conflicts*: the database rolled the whole transaction back
 because of another transaction, so running it again from the start is correct (the
 PostgreSQL manual, "Serialization Failure Handling", recommends exactly this).
 :func:`retry_conflicts` does it a bounded number of times with jittered exponential
-backoff. Timeouts and outages are not retried here: the cause lasts longer than a request
-should wait, so the API answers 503 with ``Retry-After`` (``app.api.problems``) and a
-worker releases its run and claims it again later.
+backoff. Other faults are not retried here: the cause lasts longer than a request should
+wait, so the API answers 503 with ``Retry-After`` (``app.api.problems``) and a worker
+releases its run and claims it again later.
+
+Error texts: SQLAlchemy's message of a failed statement embeds the statement and its
+parameters. :func:`describe` and :func:`redact` give the driver's message without them,
+for anything a tenant can read (a run's or a step's error, a problem detail).
 """
 
 from __future__ import annotations
 
 import asyncio
 import random
+import sqlite3
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import TypeVar
 
 import structlog
-from sqlalchemy.exc import DBAPIError, OperationalError
+from sqlalchemy.exc import DBAPIError, OperationalError, StatementError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 
 from app.core import metrics
@@ -62,6 +93,12 @@ class DbFault(StrEnum):
     UNAVAILABLE = "unavailable"
     POOL_TIMEOUT = "pool_timeout"
     STATEMENT_TIMEOUT = "statement_timeout"
+    LOCK_TIMEOUT = "lock_timeout"
+    OBJECT_STATE = "object_state"
+    INSUFFICIENT_RESOURCES = "insufficient_resources"
+    SYSTEM_ERROR = "system_error"
+    TRANSACTION_ROLLBACK = "transaction_rollback"
+    OTHER = "other"
     DEADLOCK = "deadlock"
     SERIALIZATION_FAILURE = "serialization_failure"
     LOCKED = "locked"
@@ -71,20 +108,141 @@ class DbFault(StrEnum):
         """True for faults that rolled the transaction back and a re-run may clear."""
         return self in _CONFLICTS
 
+    @property
+    def may_be_the_callers(self) -> bool:
+        """True for faults the caller's own statements can provoke: waits and conflicts.
+
+        A transactional step's function runs its own queries in the step's transaction:
+        a statement or lock timeout, or a conflict past the retries, there may well be
+        its own doing (a slow query, its own ``SET lock_timeout``), so it is a failed
+        attempt under the step's ``RetryPolicy`` rather than a fault to wait out.
+        """
+        return self in _CALLER_PROVOKED
+
 
 _CONFLICTS = frozenset({DbFault.DEADLOCK, DbFault.SERIALIZATION_FAILURE, DbFault.LOCKED})
+_CALLER_PROVOKED = _CONFLICTS | {DbFault.STATEMENT_TIMEOUT, DbFault.LOCK_TIMEOUT}
 
+# Faults named by exact SQLSTATE, before the class rules below.
 _SQLSTATES = {
     "40P01": DbFault.DEADLOCK,
     "40001": DbFault.SERIALIZATION_FAILURE,
-    "57014": DbFault.STATEMENT_TIMEOUT,
-    "57P01": DbFault.UNAVAILABLE,  # admin_shutdown (server stopping or restarting)
-    "57P02": DbFault.UNAVAILABLE,  # crash_shutdown
-    "57P03": DbFault.UNAVAILABLE,  # cannot_connect_now (server starting up)
+    "57014": DbFault.STATEMENT_TIMEOUT,  # query_canceled
+    "55P03": DbFault.LOCK_TIMEOUT,  # lock_not_available
     "53300": DbFault.UNAVAILABLE,  # too_many_connections
+    "25006": DbFault.UNAVAILABLE,  # read_only_sql_transaction: connected to a standby
+    "25P03": DbFault.UNAVAILABLE,  # idle_in_transaction_session_timeout: connection closed
+}
+
+# The fault of each SQLSTATE class (the first two characters) that is a fault as a whole.
+_CLASSES = {
+    "08": DbFault.UNAVAILABLE,  # connection exception
+    "40": DbFault.TRANSACTION_ROLLBACK,  # transaction rollback
+    "53": DbFault.INSUFFICIENT_RESOURCES,  # insufficient resources
+    "55": DbFault.OBJECT_STATE,  # object not in prerequisite state
+    "57": DbFault.UNAVAILABLE,  # operator intervention (shutdown, crash, dropped)
+    "58": DbFault.SYSTEM_ERROR,  # system error (errors external to PostgreSQL)
+    "XX": DbFault.SYSTEM_ERROR,  # internal error (data or index corrupted)
+}
+
+CALLER_FAULT_CLASSES = frozenset(
+    {
+        "0A",  # feature not supported
+        "0B",  # invalid transaction initiation
+        "0F",  # locator exception
+        "0L",  # invalid grantor
+        "0P",  # invalid role specification
+        "0Z",  # diagnostics exception
+        "20",  # case not found
+        "21",  # cardinality violation
+        "22",  # data exception (bad value, division by zero, invalid text representation)
+        "23",  # integrity constraint violation
+        "24",  # invalid cursor state
+        "25",  # invalid transaction state (but 25006 and 25P03, named above)
+        "26",  # invalid SQL statement name
+        "27",  # triggered data change violation
+        "2B",  # dependent privilege descriptors still exist
+        "2D",  # invalid transaction termination
+        "2F",  # SQL routine exception
+        "34",  # invalid cursor name
+        "38",  # external routine exception
+        "39",  # external routine invocation exception
+        "3B",  # savepoint exception
+        "3F",  # invalid schema name
+        "42",  # syntax error or access rule violation (undefined table, column, ...)
+        "44",  # WITH CHECK OPTION violation
+        "54",  # program limit exceeded (statement too complex, row too big)
+        "P0",  # PL/pgSQL: RAISE EXCEPTION, no data found, too many rows, assert
+    }
+)
+"""SQLSTATE classes that are the caller's fault: the same statement fails again."""
+
+CALLER_FAULT_SQLSTATES = frozenset(
+    {
+        "40002",  # transaction_integrity_constraint_violation (a deferred constraint)
+        "55000",  # object_not_in_prerequisite_state (e.g. currval before nextval)
+        "55P02",  # cant_change_runtime_param
+        "55P04",  # unsafe_new_enum_value_usage
+    }
+)
+"""SQLSTATEs of fault classes that are nevertheless the caller's fault."""
+
+CALLER_FAULT_SQLITE = frozenset(
+    {
+        "SQLITE_ERROR",  # SQL error or missing database object (syntax, no such table)
+        "SQLITE_CONSTRAINT",
+        "SQLITE_MISMATCH",
+        "SQLITE_RANGE",
+        "SQLITE_TOOBIG",
+        "SQLITE_MISUSE",
+        "SQLITE_AUTH",
+        "SQLITE_FORMAT",
+    }
+)
+"""SQLite primary result codes that are the caller's fault."""
+
+# SQLite primary result codes (the name before any extended suffix) that are faults.
+_SQLITE_CODES = {
+    "SQLITE_BUSY": DbFault.LOCKED,
+    "SQLITE_LOCKED": DbFault.LOCKED,
+    "SQLITE_FULL": DbFault.INSUFFICIENT_RESOURCES,
+    "SQLITE_NOMEM": DbFault.INSUFFICIENT_RESOURCES,
+    "SQLITE_IOERR": DbFault.SYSTEM_ERROR,
+    "SQLITE_CORRUPT": DbFault.SYSTEM_ERROR,
+    "SQLITE_NOTADB": DbFault.SYSTEM_ERROR,
+    "SQLITE_CANTOPEN": DbFault.UNAVAILABLE,
+    "SQLITE_READONLY": DbFault.UNAVAILABLE,
 }
 
 _SQLITE_LOCKED = ("database is locked", "database table is locked", "database schema is locked")
+
+
+def classify_sqlstate(sqlstate: str) -> DbFault | None:
+    """Name the fault of a PostgreSQL SQLSTATE, or None when it is the caller's fault.
+
+    Exact codes first (:data:`_SQLSTATES`), then the caller's list, then the class; a
+    code in no list is :attr:`DbFault.OTHER`: an unknown error defaults to a fault.
+    """
+    fault = _SQLSTATES.get(sqlstate)
+    if fault is not None:
+        return fault
+    if sqlstate in CALLER_FAULT_SQLSTATES or sqlstate[:2] in CALLER_FAULT_CLASSES:
+        return None
+    return _CLASSES.get(sqlstate[:2], DbFault.OTHER)
+
+
+def _classify_sqlite(orig: BaseException) -> DbFault | None:
+    name = getattr(orig, "sqlite_errorname", None)
+    if isinstance(name, str) and name.startswith("SQLITE_"):
+        primary = "_".join(name.split("_")[:2])  # SQLITE_IOERR_WRITE -> SQLITE_IOERR
+        if primary in CALLER_FAULT_SQLITE:
+            return None
+        return _SQLITE_CODES.get(primary, DbFault.OTHER)
+    # No result code (a driver-side error): what the message says.
+    message = str(orig).lower()
+    if any(text in message for text in _SQLITE_LOCKED):
+        return DbFault.LOCKED
+    return DbFault.UNAVAILABLE
 
 
 def classify(exc: BaseException) -> DbFault | None:
@@ -92,34 +250,72 @@ def classify(exc: BaseException) -> DbFault | None:
 
     Args:
         exc: any exception; SQLAlchemy wraps driver errors in ``DBAPIError`` (``.orig``
-            carries asyncpg's ``sqlstate``, or sqlite3's message).
+            carries asyncpg's ``sqlstate``, or sqlite3's ``sqlite_errorname``).
 
     Returns:
         The fault, or None when ``exc`` is not a transient database fault (a bug, a
-        constraint violation, a domain error): those must surface as they are.
+        constraint violation, a domain error, any other caller's fault listed in the
+        module docstring): those must surface as they are.
     """
     if isinstance(exc, PoolTimeout):
         return DbFault.POOL_TIMEOUT
     if isinstance(exc, DBAPIError):
         sqlstate = getattr(exc.orig, "sqlstate", None)
-        if isinstance(sqlstate, str):
-            fault = _SQLSTATES.get(sqlstate)
-            if fault is not None:
-                return fault
-            if sqlstate.startswith("08"):  # connection_exception and its subclasses
-                return DbFault.UNAVAILABLE
+        if isinstance(sqlstate, str) and len(sqlstate) == 5:
+            return classify_sqlstate(sqlstate)
         if exc.connection_invalidated:
             return DbFault.UNAVAILABLE
+        if isinstance(exc.orig, sqlite3.Error):
+            return _classify_sqlite(exc.orig)
         if isinstance(exc, OperationalError) or isinstance(exc.orig, OSError):
-            message = str(exc.orig).lower()
-            if any(text in message for text in _SQLITE_LOCKED):
-                return DbFault.LOCKED
             return DbFault.UNAVAILABLE
         return None
     if isinstance(exc, ConnectionError):
         # Raised by the driver before SQLAlchemy wraps anything (connection refused).
         return DbFault.UNAVAILABLE
     return None
+
+
+def describe(exc: BaseException) -> str:
+    """A one-line description of ``exc`` without SQL text or statement parameters.
+
+    For a failed statement (``sqlalchemy.exc.StatementError``): the driver's first line,
+    with the SQLSTATE when there is one, e.g. ``duplicate key value violates unique
+    constraint "probe_pkey" (SQLSTATE 23505)``. Anything else: ``str(exc)``.
+    """
+    if not isinstance(exc, StatementError):
+        return str(exc)
+    orig = exc.orig
+    if orig is None:
+        return type(exc).__name__
+    text = str(orig).strip().splitlines()[0] if str(orig).strip() else type(orig).__name__
+    # The asyncpg adapter prefixes the driver's class: "<class 'asyncpg....'>: message".
+    if text.startswith("<class '") and "'>: " in text:
+        text = text.split("'>: ", 1)[1]
+    code = getattr(orig, "sqlstate", None)
+    if isinstance(code, str):
+        return f"{text} (SQLSTATE {code})"
+    code = getattr(orig, "sqlite_errorname", None)
+    return f"{text} ({code})" if isinstance(code, str) else text
+
+
+def redact(text: str, exc: BaseException) -> str:
+    """``text`` (e.g. a formatted traceback of ``exc``) with SQL statements removed.
+
+    Every failed statement in ``exc``'s chain (causes and contexts) is replaced by its
+    :func:`describe` line, so the statement and its parameters never reach a tenant.
+    """
+    seen: set[int] = set()
+    pending = [exc]
+    while pending:
+        current = pending.pop()
+        if id(current) in seen:
+            continue
+        seen.add(id(current))
+        if isinstance(current, StatementError):
+            text = text.replace(str(current), describe(current))
+        pending.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    return text
 
 
 def backoff(attempt: int) -> float:

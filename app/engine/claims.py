@@ -13,7 +13,8 @@ another. Priority orders runs within each claim (``ix_runs_claimable``).
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Sequence
+import uuid
+from collections.abc import Collection, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
@@ -112,13 +113,21 @@ class Claimer:
         )
         self._turn = 0
 
-    async def claim(self, limit: int) -> list[RowMapping]:
+    async def claim(self, limit: int, executing: Collection[uuid.UUID] = ()) -> list[RowMapping]:
         """Lease up to ``limit`` due runs; each group in its own short write transaction.
 
         A group whose transaction fails (database down, lock timeout) is logged and skipped
         for this round; runs claimed by the other groups are still returned, so none is
         left leased but not executed. ``run_claimed`` events are written with the claim.
+
+        Args:
+            limit: at most this many runs.
+            executing: runs this worker is still executing. They are never claimed
+                again, even once their lease has expired (a worker paused past its lease
+                resumes them itself, or loses them to another worker's claim, whose new
+                fence stops the old execution at its next write).
         """
+        running = tuple(executing)
         groups: list[ControlledWorkflow | None] = [None] if self.plain_keys else []
         groups += list(self.controlled)
         if not groups:
@@ -140,6 +149,7 @@ class Claimer:
                             limit=room,
                             lease_ttl=self.lease_ttl,
                             with_events=True,
+                            executing=running,
                         )
                 else:
                     async with self.db.write() as conn:
@@ -150,9 +160,10 @@ class Claimer:
                                 definition_keys=self.plain_keys,
                                 limit=room,
                                 lease_ttl=self.lease_ttl,
+                                executing=running,
                             )
                         else:
-                            rows = await self._claim_controlled(conn, group, room)
+                            rows = await self._claim_controlled(conn, group, room, running)
                         if rows:
                             await events_q.append_claims(conn, rows, worker_id=self.worker_id)
             except Exception as exc:  # noqa: BLE001 - DB down: the worker keeps polling
@@ -166,7 +177,11 @@ class Claimer:
         return claimed
 
     async def _claim_controlled(
-        self, conn: AsyncConnection, group: ControlledWorkflow, room: int
+        self,
+        conn: AsyncConnection,
+        group: ControlledWorkflow,
+        room: int,
+        executing: Sequence[uuid.UUID],
     ) -> Sequence[RowMapping]:
         if conn.dialect.name == "postgresql":
             # Held to commit: every worker's count-then-claim of this workflow is serial.
@@ -183,13 +198,21 @@ class Claimer:
                 definition_keys=group.keys,
                 limit=room,
                 lease_ttl=self.lease_ttl,
+                executing=executing,
             )
-        return await self._claim_rate_limited(conn, group, group.rate_limit, room)
+        return await self._claim_rate_limited(conn, group, group.rate_limit, room, executing)
 
     async def _claim_rate_limited(
-        self, conn: AsyncConnection, group: ControlledWorkflow, rate: RateLimit, room: int
+        self,
+        conn: AsyncConnection,
+        group: ControlledWorkflow,
+        rate: RateLimit,
+        room: int,
+        executing: Sequence[uuid.UUID],
     ) -> Sequence[RowMapping]:
-        candidates = await runs_q.due_candidates(conn, definition_keys=group.keys, limit=room)
+        candidates = await runs_q.due_candidates(
+            conn, definition_keys=group.keys, limit=room, executing=executing
+        )
         if not candidates:
             return []
         now = await fetch_now(conn, conn.dialect.name)

@@ -32,7 +32,7 @@ from app.core.errors import CeilingExceeded, CheckpointFault, InvalidInput, Payl
 from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus, StepStatus
 from app.db.database import Database
-from app.db.faults import classify, retry_conflicts
+from app.db.faults import classify, describe, redact, retry_conflicts
 from app.db.queries import checkpoints as checkpoints_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
@@ -160,14 +160,19 @@ Outcome = Completed | Failed | Suspended
 
 
 def error_info(exc: BaseException, **extra: Any) -> dict[str, Any]:
-    """Describe an exception as ``{type, message, traceback, …extra}`` (JSON-able)."""
+    """Describe an exception as ``{type, message, traceback, …extra}`` (JSON-able).
+
+    What the run's tenant reads (a step's or the run's error): SQL statements and their
+    parameters are cut out of the message and the traceback (:func:`app.db.faults.redact`),
+    whether the statement was the product's or a transactional step's own.
+    """
     inner = (
         exc.error if isinstance(exc, Permanent) and isinstance(exc.error, BaseException) else exc
     )
     return {
         "type": type(inner).__name__,
-        "message": str(inner),
-        "traceback": "".join(traceback.format_exception(exc))[-8000:],
+        "message": describe(inner),
+        "traceback": redact("".join(traceback.format_exception(exc)), exc)[-8000:],
         **extra,
     }
 

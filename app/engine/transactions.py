@@ -23,6 +23,13 @@ database rolled the whole transaction back, the function's writes included, so c
 again on a fresh session keeps them exactly once (up to ``TREADLE_DB_RETRY_ATTEMPTS``
 calls; :func:`app.db.faults.retry_conflicts`). The function must therefore do nothing but
 database work through its session.
+
+Why other database faults split two ways (:attr:`app.db.faults.DbFault.may_be_the_callers`):
+a statement or lock timeout, or a conflict past the retries, may be the function's own
+doing (a slow query of its own), so it is a failed attempt and the step's ``RetryPolicy``
+ends it; a fault no query of the function can cause (unreachable, pool timeout, disk full,
+a system error, an SQLSTATE nobody listed) raises ``CheckpointFault``: everything rolled
+back, the run is given back and the attempt is not counted, as for any checkpoint.
 """
 
 from __future__ import annotations
@@ -32,12 +39,14 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from pydantic import TypeAdapter
+from sqlalchemy.exc import DBAPIError
+from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
 from app.core import json
-from app.core.errors import InvalidInput, PayloadTooLarge
+from app.core.errors import CheckpointFault, InvalidInput, PayloadTooLarge
 from app.core.status import RunReason, StepStatus
-from app.db.faults import retry_conflicts
+from app.db.faults import classify, retry_conflicts
 from app.db.queries import runs as runs_q
 from app.sdk.context import StepInfo, _current_step
 from app.sdk.errors import Permanent
@@ -102,9 +111,17 @@ async def attempt(
     )
     token = _current_step.set(info)
 
+    # Where the last attempt got to: an error before the function ran (checkout, BEGIN)
+    # is the database's whatever its type; inside it, only an error the database raised
+    # can be a fault (a step may raise ConnectionError about its own business).
+    in_function = False
+
     async def once() -> str:
+        nonlocal in_function
+        in_function = False
         async with ex.db.write() as conn:
             session = session_for(conn)
+            in_function = True
             try:
                 call = fn(session, *args)
                 value = await asyncio.wait_for(call, timeout) if timeout else await call
@@ -112,6 +129,7 @@ async def attempt(
                 await session.commit()
             finally:
                 await session.close()
+            in_function = False
             try:
                 payload = adapter.dump_python(adapter.validate_python(value), mode="json")
                 text = json.dumps_limited(payload, ex.settings.max_payload_bytes, "step output")
@@ -134,9 +152,10 @@ async def attempt(
 
     try:
         # A deadlock or serialization failure rolled fn's writes back with the rest, so
-        # running the whole transaction again keeps them exactly once. Any other database
-        # error (and a conflict past the retries) is a failed attempt under the step's
-        # RetryPolicy, like any error of fn: it may well be fn's own query at fault.
+        # running the whole transaction again keeps them exactly once. A database error
+        # fn's own queries may cause (the caller's fault, a statement or lock timeout, a
+        # conflict past the retries) is a failed attempt under the step's RetryPolicy,
+        # like any error of fn; any other fault gives the run back (below).
         text = await retry_conflicts(
             once, attempts=ex.settings.db_retry_attempts, what="transactional step"
         )
@@ -157,7 +176,14 @@ async def attempt(
     except TimeoutError as exc:
         await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
         return await ex._after_error(step_id, retry, attempt, exc, timed_out=timeout)
-    except Exception as exc:  # noqa: BLE001 - any other error is retryable by contract
+    except Exception as exc:  # any other error is retryable by contract, but faults
+        fault = classify(exc)
+        raised_by_database = not in_function or isinstance(exc, (DBAPIError, PoolTimeout))
+        if fault is not None and raised_by_database and not fault.may_be_the_callers:
+            # The database's fault, not the function's (unreachable, no pooled connection,
+            # disk full, a system error, an unknown SQLSTATE): the transaction rolled back,
+            # so nothing happened; the run is given back instead of spending an attempt.
+            raise CheckpointFault(ex.run_id, fault.value) from exc
         await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
         return await ex._after_error(step_id, retry, attempt, exc, timed_out=None)
     finally:

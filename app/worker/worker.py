@@ -16,7 +16,7 @@ import socket
 import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import prometheus_client
@@ -50,10 +50,17 @@ from app.engine.wakeup import NOTIFY_CHANNEL, notify
 log = structlog.get_logger("treadle.worker")
 
 
-@dataclass
+@dataclass(eq=False)
 class _Active:
-    task: asyncio.Task[None]
+    """One execution of one run under one claim (its fence).
+
+    Compared by identity: the bookkeeping of an execution (heartbeat verdicts, the
+    cleanup when it ends) must only ever touch its own entry, never a later execution
+    of the same run.
+    """
+
     fence: int
+    task: asyncio.Task[None] = field(init=False)
     finalizing: bool = False
     lost: bool = False
 
@@ -175,7 +182,9 @@ class Worker:
             self._wake.clear()
             if free > 0:
                 # Never raises: a failing claim is logged and retried at the next poll.
-                rows = await self.claimer.claim(free)
+                # Our own runs in flight are excluded: after a pause longer than the lease
+                # they are due again, and claiming them would run them twice in here.
+                rows = await self.claimer.claim(free, executing=list(self._active))
                 for row in rows:
                     self._start(row)
                 if rows:
@@ -189,13 +198,20 @@ class Worker:
         if row["due_at"] is not None:
             lag = (row["updated_at"] - row["due_at"]).total_seconds()
             metrics.SCHEDULE_TO_START.labels(row["workflow"]).observe(max(lag, 0.0))
-        task = asyncio.create_task(self._execute(row), name=f"run-{run_id}")
-        self._active[run_id] = _Active(task=task, fence=int(row["fence"]))
+        previous = self._active.get(run_id)
+        if previous is not None:  # pragma: no cover - the claim excludes runs in flight
+            # Defence in depth: the claim moved the fence, so the older execution can no
+            # longer write; stop it rather than let two executions of one run overlap.
+            self.log.error("claimed a run already in flight", run_id=str(run_id))
+            self._lose(previous)
+        active = _Active(fence=int(row["fence"]))
+        active.task = asyncio.create_task(self._execute(row, active), name=f"run-{run_id}")
+        self._active[run_id] = active
         self._update_slots()
 
-    async def _execute(self, row: RowMapping) -> None:
+    async def _execute(self, row: RowMapping, active: _Active) -> None:
         run_id: uuid.UUID = row["run_id"]
-        fence = int(row["fence"])
+        fence = active.fence
         rlog = self.log.bind(run_id=str(run_id), workflow=row["workflow"], tenant=row["tenant_id"])
         try:
             definition = self.registry.get(row["workflow"], row["version"])
@@ -224,9 +240,7 @@ class Worker:
                     self.db, self.settings, row, definition, journal, self.worker_id, self.submitter
                 )
                 outcome = await execution.execute()
-            active = self._active.get(run_id)
-            if active is not None:
-                active.finalizing = True
+            active.finalizing = True
             # Shielded: once decided, the outcome is written even if we are asked to stop.
             await asyncio.shield(self._finalize(row, fence, outcome))
         except LeaseLost:
@@ -236,8 +250,7 @@ class Worker:
         except CheckpointFault as exc:
             await self._give_back(row, fence, exc.fault, exc.__cause__, rlog)
         except asyncio.CancelledError:
-            active = self._active.get(run_id)
-            if active is not None and active.lost:
+            if active.lost:
                 self.stats.lease_lost += 1
                 metrics.LEASE_LOSSES.inc()
                 rlog.warning("lease lost; execution stopped")
@@ -254,7 +267,9 @@ class Worker:
                 # worker retries the run.
                 rlog.exception("execution crashed")
         finally:
-            self._active.pop(run_id, None)
+            # Only our own entry: a later execution of this run must stay heartbeated.
+            if self._active.get(run_id) is active:
+                del self._active[run_id]
             self._update_slots()
             self._wake.set()
 
@@ -474,7 +489,9 @@ class Worker:
             )
 
         try:
-            await self.db.write_retrying(release, what="release")
+            # The lease pool, like heartbeats: a drain or a fault's give-back must not
+            # queue behind the steps still holding the main pool.
+            await self.db.lease_write_retrying(release, what="release")
             self.stats.released += 1
         except LeaseLost:
             pass
@@ -489,9 +506,12 @@ class Worker:
             await asyncio.sleep(interval)
             # Only runs we were executing before the statement started can be judged by
             # its result: a run claimed concurrently may be missing from it.
-            before = {run_id: a.fence for run_id, a in self._active.items()}
+            before = dict(self._active)
             try:
-                async with self.db.write() as conn:
+                # The lease pool: no step's transaction can hold this connection, so a
+                # worker whose main pool is taken by long transactional steps still
+                # renews their leases (and its other runs' leases) on time.
+                async with self.db.lease_write() as conn:
                     held = await runs_q.renew_leases(
                         conn,
                         worker_id=self.worker_id,
@@ -508,9 +528,8 @@ class Worker:
                         self._lose(expired)
                 continue
             self._last_heartbeat_ok = time.monotonic()
-            for run_id, fence in before.items():
-                active = self._active.get(run_id)
-                if active is not None and active.fence == fence and held.get(run_id) != fence:
+            for run_id, active in before.items():
+                if self._active.get(run_id) is active and held.get(run_id) != active.fence:
                     self._lose(active)
 
     async def _slot_sweep_loop(self) -> None:

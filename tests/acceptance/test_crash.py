@@ -90,3 +90,83 @@ def test_paused_stale_worker_cannot_commit(stack: Stack) -> None:
     assert steps[0]["output"] == f"pid-{fresh.pid}-attempt-2"
     succeeded = [e for e in events if e["kind"] == "step_succeeded" and e["step_id"] == "hold"]
     assert len(succeeded) == 1
+
+
+def _lease_expired(stack: Stack, run_id: str) -> bool:
+    """True once the run's lease has expired by the database clock (read directly)."""
+    import asyncio
+
+    from sqlalchemy import select
+
+    from app.core.settings import Settings
+    from app.db.database import Database, fetch_now
+    from app.db.tables import runs
+    from tests.conftest import DEV_SECRET
+
+    async def probe() -> bool:
+        db = Database(
+            Settings(database_url=stack.database_url, dev_secret=DEV_SECRET, data_dir=stack.tmp)
+        )
+        try:
+            async with db.read() as conn:
+                now = await fetch_now(conn, db.dialect)
+                expires = (
+                    await conn.execute(
+                        select(runs.c.lease_expires_at).where(runs.c.run_id == uuid.UUID(run_id))
+                    )
+                ).scalar_one()
+        finally:
+            await db.dispose()
+        return expires is not None and expires < now
+
+    return asyncio.run(probe())
+
+
+@pytest.mark.timeout(300)  # several interpreters start on a loaded machine
+def test_worker_paused_past_its_lease_resumes_without_running_steps_twice(stack: Stack) -> None:
+    """SIGSTOP a lone worker mid-step past its lease, SIGCONT it: the run just completes.
+
+    Nobody else could take the run while the worker was frozen; resumed, the worker must
+    not claim its own run again (a second execution in the same process would count the
+    first one's attempt as lost and, repeated, fail the run ``WorkerLost`` with a dead
+    letter). The frozen execution carries on, its checkpoints still hold the fence.
+    """
+    shared = Path(stack.env["TREADLE_TEST_DIR"])
+    name = f"pause-{uuid.uuid4().hex[:8]}"
+    paused = stack.start_worker()
+    run_id = _submit(stack, name)
+    wait_for_sync(lambda: _started(shared, name, paused.pid), what="step started")
+    os.kill(paused.pid, signal.SIGSTOP)
+    try:
+        wait_for_sync(lambda: _lease_expired(stack, run_id), timeout=60, what="lease to expire")
+    finally:
+        os.kill(paused.pid, signal.SIGCONT)
+    with stack.client() as c:
+        # Resumed, the worker heartbeats again: its lease is renewed, by it, same claim.
+        def renewed() -> dict[str, object] | None:
+            if _lease_expired(stack, run_id):
+                return None
+            body: dict[str, object] = c.get(f"/runs/{run_id}").json()
+            return body
+
+        run = wait_for_sync(renewed, timeout=60, what="lease renewed after SIGCONT")
+        assert run["attempt"] == 1, run
+    (shared / f"{name}.release").touch()
+    result = _result(stack, run_id)
+    assert result["status"] == "completed", result
+    assert result["output"] == f"pid-{paused.pid}-attempt-1+finished"
+    assert (shared / f"{name}.completed").read_text().split() == [str(paused.pid)]
+    assert len(_started(shared, name)) == 1  # the step body started once
+    with stack.client() as c:
+        steps = c.get(f"/runs/{run_id}/steps").json()["items"]
+        run = c.get(f"/runs/{run_id}").json()
+        events = c.get(f"/runs/{run_id}/events").json()["items"]
+        letters = c.get("/dead-letters").json()["items"]
+    assert [(s["step_id"], s["status"], s["attempt"]) for s in steps] == [
+        ("hold", "succeeded", 1),
+        ("finish", "succeeded", 1),
+    ]
+    assert run["attempt"] == 1
+    assert [e["kind"] for e in events].count("run_claimed") == 1
+    assert [d for d in letters if d["run_id"] == run_id] == []
+    assert "lease lost" not in stack.logs[1].read_text()

@@ -324,3 +324,244 @@ async def test_a_deadlock_past_the_retries_is_503_not_500(
         again = await client.post(f"/runs/{run_id}/cancel", json={"reason": "test"})
         assert (again.status_code, again.json()["status"]) == (200, "cancelled")
     assert '"unhandled error"' not in api.logs[0].read_text()
+
+
+# --- faults by SQLSTATE class: lock timeout, disk full, terminated backend -------------------
+
+_FAULT_SWITCH = """
+CREATE TABLE fault_switch (code text NOT NULL);
+CREATE FUNCTION fault_switched() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE c text;
+BEGIN
+  SELECT code INTO c FROM fault_switch LIMIT 1;
+  IF c = 'sleep' THEN
+    PERFORM pg_sleep(60);
+  ELSIF c IS NOT NULL THEN
+    RAISE EXCEPTION 'simulated fault' USING ERRCODE = c;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER fault_on_runs BEFORE INSERT ON runs
+  FOR EACH ROW EXECUTE FUNCTION fault_switched();
+CREATE TRIGGER fault_on_steps BEFORE UPDATE ON steps
+  FOR EACH ROW EXECUTE FUNCTION fault_switched();
+DO $$ BEGIN
+  EXECUTE format('ALTER DATABASE %I SET lock_timeout = ''500ms''', current_database());
+END $$;
+"""
+
+
+def assert_no_sql(response: httpx.Response) -> None:
+    text = response.text
+    for fragment in ("INSERT", "SELECT", "UPDATE", "[SQL", "[parameters", "simulated fault"):
+        assert fragment not in text, text
+
+
+@pytest.mark.timeout(300)  # several interpreters start on a loaded machine
+@PG_ONLY
+async def test_database_faults_of_any_class_answer_503_and_store_nothing(
+    database_url: str, tmp_path: Path, start_api: Callable[[dict[str, str]], Stack]
+) -> None:
+    """Lock timeout (55P03), disk full (53100), internal and I/O errors, a terminated backend.
+
+    Each answers ``POST /runs`` with 503 and ``Retry-After``, a problem detail without SQL,
+    and stores nothing: once the fault is gone the same request creates the run, once.
+    """
+    observer = await asyncpg.connect(dsn(database_url))
+    await observer.execute(_FAULT_SWITCH)  # before the API connects: lock_timeout applies
+    await register_handlers(database_url, tmp_path)
+    api = start_api({})
+    try:
+        async with httpx.AsyncClient(base_url=api.url, headers=AUTH, timeout=90) as client:
+            cases = [
+                ("53100", "database_unavailable"),  # disk_full
+                ("53200", "database_unavailable"),  # out_of_memory
+                ("XX000", "database_unavailable"),  # internal_error
+                ("58030", "database_unavailable"),  # io_error
+                ("72000", "database_unavailable"),  # snapshot_too_old: in no list
+            ]
+            for code, problem_code in cases:
+                key = f"class-{code}-{uuid.uuid4().hex[:6]}"
+                await observer.execute("INSERT INTO fault_switch VALUES ($1)", code)
+                refused = await client.post("/runs", json=submission(key))
+                await observer.execute("DELETE FROM fault_switch")
+                assert_503(refused, problem_code)
+                assert_no_sql(refused)
+                assert (
+                    await observer.fetchval(
+                        "SELECT count(*) FROM runs WHERE idempotency_key = $1", key
+                    )
+                    == 0
+                )
+                accepted = await client.post("/runs", json=submission(key))
+                assert accepted.status_code == 201, accepted.text
+
+            # lock_timeout for real: the table is locked, the insert gives up after 500 ms.
+            key = f"locked-{uuid.uuid4().hex[:6]}"
+            async with runs_table_locked(database_url):
+                refused = await client.post("/runs", json=submission(key))
+            assert_503(refused, "database_timeout")
+            assert_no_sql(refused)
+            assert (await client.post("/runs", json=submission(key))).status_code == 201
+
+            # 57P01 for real: the request's backend is terminated mid-statement.
+            key = f"killed-{uuid.uuid4().hex[:6]}"
+            await observer.execute("INSERT INTO fault_switch VALUES ('sleep')")
+            pending = asyncio.create_task(client.post("/runs", json=submission(key)))
+
+            async def sleeping() -> int | None:
+                pid: int | None = await observer.fetchval(
+                    "SELECT pid FROM pg_stat_activity WHERE datname = current_database() "
+                    "AND wait_event = 'PgSleep' AND pid <> pg_backend_pid()"
+                )
+                return pid
+
+            pid = await wait_for(sleeping, timeout=30, what="the request inside the trigger")
+            await observer.execute("DELETE FROM fault_switch")
+            assert await observer.fetchval("SELECT pg_terminate_backend($1)", pid)
+            refused = await pending
+            assert_503(refused, "database_unavailable")
+            assert_no_sql(refused)
+            assert (await client.post("/runs", json=submission(key))).status_code == 201
+        log = api.logs[-1].read_text()
+        assert '"unhandled error"' not in log, log[-3000:]
+    finally:
+        await observer.close()
+
+
+@pytest.mark.timeout(300)  # several interpreters start on a loaded machine
+@PG_ONLY
+async def test_a_worker_checkpoint_meeting_disk_full_gives_the_run_back(
+    database_url: str, tmp_path: Path, start_api: Callable[[dict[str, str]], Stack]
+) -> None:
+    """A real worker process: the step's checkpoint meets 53100; the run completes later.
+
+    No dead letter, no failed step; the worker logs the fault by name and stays up.
+    """
+    observer = await asyncpg.connect(dsn(database_url))
+    await observer.execute(_FAULT_SWITCH)
+    api = start_api({})
+    worker = api.start_worker()
+    worker_log = api.logs[-1]
+    shared = Path(api.env["TREADLE_TEST_DIR"])
+    name = f"full-{uuid.uuid4().hex[:6]}"
+    try:
+        async with httpx.AsyncClient(base_url=api.url, headers=AUTH, timeout=60) as client:
+            created = await client.post(
+                "/runs", json={"workflow": "acc-hold", "input": {"name": name}}
+            )
+            assert created.status_code == 201, created.text
+            run_id = created.json()["run_id"]
+            wait_for_sync(
+                lambda: any(shared.glob(f"{name}.started.*")), timeout=30, what="step started"
+            )
+            await observer.execute("INSERT INTO fault_switch VALUES ('53100')")
+            (shared / f"{name}.release").touch()  # the step returns; its checkpoint fails
+            wait_for_sync(
+                lambda: '"fault": "insufficient_resources"' in worker_log.read_text(),
+                timeout=30,
+                what="the worker gave the run back",
+            )
+            await observer.execute("DELETE FROM fault_switch")
+
+            async def finished() -> dict[str, Any] | None:
+                body: dict[str, Any] = (await client.get(f"/runs/{run_id}")).json()
+                return body if body["status"] in ("completed", "failed") else None
+
+            run = await wait_for(finished, timeout=60, what="run finished")
+            assert run["status"] == "completed", run
+            letters = (await client.get("/dead-letters")).json()["items"]
+            assert [d for d in letters if d["run_id"] == run_id] == []
+            steps = (await client.get(f"/runs/{run_id}/steps")).json()["items"]
+            assert [(s["step_id"], s["status"]) for s in steps] == [
+                ("hold", "succeeded"),
+                ("finish", "succeeded"),
+            ]
+    finally:
+        await observer.close()
+    assert worker.poll() is None, "the worker died"
+    assert "execution crashed" not in worker_log.read_text()
+
+
+# --- heartbeats never wait behind steps for a connection -----------------------------------
+
+
+@pytest.mark.timeout(300)  # several interpreters start on a loaded machine
+@PG_ONLY
+async def test_heartbeats_renew_leases_while_steps_hold_the_whole_pool(
+    database_url: str, tmp_path: Path, start_api: Callable[[dict[str, str]], Stack]
+) -> None:
+    """Two transactional steps hold both connections of a worker's pool past the lease TTL.
+
+    Its heartbeats have a connection of their own, so both leases keep being renewed by
+    that worker (same fence) although a second worker stands ready to take expired ones;
+    the runs complete on their first claim and the plain step after each ran once.
+    """
+    api = start_api({})
+    holder = api.start_worker(
+        handlers="tests.acceptance.pool_handlers",
+        concurrency=2,
+        extra_env={"TREADLE_DB_POOL_SIZE": "2", "TREADLE_DB_POOL_TIMEOUT_SECONDS": "30"},
+    )
+    shared = Path(api.env["TREADLE_TEST_DIR"])
+    ttl = float(api.env["TREADLE_LEASE_TTL_SECONDS"])
+    names = [f"pool-{i}-{uuid.uuid4().hex[:6]}" for i in range(2)]
+    observer = await asyncpg.connect(dsn(database_url))
+    try:
+        async with httpx.AsyncClient(base_url=api.url, headers=AUTH, timeout=60) as client:
+            run_ids = []
+            for name in names:
+                created = await client.post(
+                    "/runs", json={"workflow": "acc-tx-hold", "input": {"name": name}}
+                )
+                assert created.status_code == 201, created.text
+                run_ids.append(uuid.UUID(created.json()["run_id"]))
+            started = [shared / f"{name}.started.{holder.pid}" for name in names]
+            wait_for_sync(
+                lambda: all(p.exists() for p in started),
+                timeout=60,
+                what="both steps holding a connection",
+            )
+            claimed = {
+                r["run_id"]: r
+                for r in await observer.fetch(
+                    "SELECT run_id, fence, lease_expires_at FROM runs WHERE run_id = ANY($1)",
+                    run_ids,
+                )
+            }
+            api.start_worker(handlers="tests.acceptance.pool_handlers")  # ready to take over
+
+            async def renewed_past_a_ttl() -> bool:
+                rows = await observer.fetch(
+                    "SELECT run_id, fence, lease_owner, lease_expires_at, "
+                    "lease_expires_at > now() AS live FROM runs WHERE run_id = ANY($1)",
+                    run_ids,
+                )
+                for r in rows:
+                    assert r["fence"] == claimed[r["run_id"]]["fence"], "a lease was taken over"
+                    assert f":{holder.pid}:" in r["lease_owner"], r["lease_owner"]
+                return all(
+                    r["live"]
+                    and (
+                        r["lease_expires_at"] - claimed[r["run_id"]]["lease_expires_at"]
+                    ).total_seconds()
+                    > 2 * ttl
+                    for r in rows
+                )
+
+            await wait_for(renewed_past_a_ttl, timeout=90, what="leases renewed for 2 TTLs")
+            for name in names:
+                (shared / f"{name}.release").touch()
+            for run_id in run_ids:
+
+                async def finished(r: uuid.UUID = run_id) -> dict[str, Any] | None:
+                    body: dict[str, Any] = (await client.get(f"/runs/{r}")).json()
+                    return body if body["status"] in ("completed", "failed") else None
+
+                run = await wait_for(finished, timeout=60, what="run finished")
+                assert (run["status"], run["attempt"]) == ("completed", 1), run
+                assert run["output"] == f"held-by-{holder.pid}+recorded", run
+        for name in names:
+            assert (shared / f"{name}.calls").read_text().split() == [str(holder.pid)]
+    finally:
+        await observer.close()

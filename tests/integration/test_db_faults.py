@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import asyncpg
+import prometheus_client
 import pytest
 from pydantic import BaseModel
 from sqlalchemy import func, select, text
@@ -90,7 +91,29 @@ async def transaction_flow(ctx: WorkflowContext, job: Job) -> int:
     return await ctx.transaction(bump_both, job.key, retry=RetryPolicy(max_attempts=1))
 
 
-REGISTRY = Registry([held_flow, approval_flow, transaction_flow])
+async def held_big(key: str) -> str:
+    """Like :func:`held`, with a result large enough to need new database pages."""
+    return (await held(key)) + "." * 200_000
+
+
+@workflow("fault-big")
+async def big_flow(ctx: WorkflowContext, job: Job) -> str:
+    first = await ctx.step(held_big, job.key, retry=RetryPolicy(max_attempts=1))
+    return await ctx.step(after, first[:15], retry=RetryPolicy(max_attempts=1))
+
+
+async def insert_twice(tx: AsyncSession, key: str) -> None:
+    """A transactional step whose own SQL violates a primary key (the caller's fault)."""
+    await tx.execute(text("INSERT INTO probe (id, v) VALUES (7, 0)"))
+    await tx.execute(text("INSERT INTO probe (id, v) VALUES (7, 1)"))
+
+
+@workflow("fault-own-sql")
+async def own_sql_flow(ctx: WorkflowContext, job: Job) -> None:
+    await ctx.transaction(insert_twice, job.key, retry=RetryPolicy(max_attempts=2))
+
+
+REGISTRY = Registry([held_flow, approval_flow, transaction_flow, big_flow, own_sql_flow])
 
 
 def retries(fault: DbFault) -> float:
@@ -599,3 +622,421 @@ async def test_sqlite_locked_past_the_retries_is_a_503_over_http(
     assert refused.json()["code"] == "database_conflict"
     assert (listed.status_code, listed.json()["items"]) == (200, [])
     assert accepted.status_code == 201, accepted.text  # the refused one stored nothing
+
+
+# --- faults by SQLSTATE class: a fault nobody listed is still a fault ----------------------
+
+
+async def raised(db: Database, sql: str) -> Exception:
+    """What the database raised for ``sql`` (run in a read transaction)."""
+    return await failure(db, lambda c: c.execute(text(sql)), write=False)
+
+
+def raise_sqlstate(code: str) -> str:
+    """A PL/pgSQL block raising SQLSTATE ``code``, as a trigger or the server would."""
+    return f"DO $$ BEGIN RAISE EXCEPTION 'simulated' USING ERRCODE = '{code}'; END $$"
+
+
+@PG_ONLY
+async def test_postgresql_faults_are_classified_by_sqlstate_class(
+    database_url: str, tmp_path: Path
+) -> None:
+    """Real lock_timeout, terminated backend and raised SQLSTATEs; caller's faults are not.
+
+    Every class the module lists (08, 40, 53, 55, 57, 58, XX) is a fault, and so is a
+    code in no list (72000); the caller's own errors (bad SQL, bad data, a constraint,
+    PL/pgSQL's RAISE) are not.
+    """
+    db = Database(make_settings(database_url, tmp_path))
+    other = await asyncpg.connect(asyncpg_dsn(database_url))
+    try:
+        # 55P03 for real: a row lock held elsewhere, our lock_timeout runs out.
+        async with db.write() as conn:
+            await conn.execute(text("CREATE TABLE probe (id int PRIMARY KEY, v int NOT NULL)"))
+            await conn.execute(text("INSERT INTO probe VALUES (1, 0)"))
+        tx = other.transaction()
+        await tx.start()
+        await other.execute("SELECT 1 FROM probe WHERE id = 1 FOR UPDATE")
+
+        async def wait_for_row(conn: AsyncConnection) -> None:
+            await conn.execute(text("SET LOCAL lock_timeout = '100ms'"))
+            await conn.execute(text("UPDATE probe SET v = 1 WHERE id = 1"))
+
+        exc = await failure(db, wait_for_row)
+        await tx.rollback()
+        assert getattr(getattr(exc, "orig", None), "sqlstate", None) == "55P03", exc
+        assert classify(exc) is DbFault.LOCK_TIMEOUT
+
+        # 57P01 for real: our backend terminated mid-statement (what a shutdown does).
+        async with db.read() as conn:
+            pid = (await conn.execute(text("SELECT pg_backend_pid()"))).scalar_one()
+
+        async def terminate_when_sleeping() -> None:
+            async def sleeping() -> bool:
+                state = await other.fetchval(
+                    "SELECT wait_event FROM pg_stat_activity WHERE pid = $1", pid
+                )
+                return bool(state == "PgSleep")
+
+            await wait_for(sleeping, timeout=20, what="our session inside pg_sleep")
+            await other.fetchval("SELECT pg_terminate_backend($1)", pid)
+
+        killer = asyncio.create_task(terminate_when_sleeping())
+        exc = await raised(db, "SELECT pg_sleep(30)")
+        await killer
+        assert classify(exc) is DbFault.UNAVAILABLE, exc
+
+        expected = {
+            "53100": DbFault.INSUFFICIENT_RESOURCES,  # disk_full
+            "53200": DbFault.INSUFFICIENT_RESOURCES,  # out_of_memory
+            "55006": DbFault.OBJECT_STATE,  # object_in_use
+            "58030": DbFault.SYSTEM_ERROR,  # io_error
+            "XX000": DbFault.SYSTEM_ERROR,  # internal_error
+            "XX001": DbFault.SYSTEM_ERROR,  # data_corrupted
+            "40003": DbFault.TRANSACTION_ROLLBACK,  # statement_completion_unknown
+            "57P05": DbFault.UNAVAILABLE,  # idle_session_timeout
+            "08006": DbFault.UNAVAILABLE,  # connection_failure
+            "25006": DbFault.UNAVAILABLE,  # read_only_sql_transaction (a standby)
+            "72000": DbFault.OTHER,  # snapshot_too_old: in no list, still a fault
+            "F0000": DbFault.OTHER,  # config_file_error
+        }
+        seen = {code: classify(await raised(db, raise_sqlstate(code))) for code in expected}
+        assert seen == expected
+
+        # The caller's fault, raised for real or by PL/pgSQL: no fault, whatever the class.
+        callers = [
+            "SELECT 1 / 0",  # 22012
+            "SELECT 'x'::int",  # 22P02
+            "SELECT * FROM no_such_table",  # 42P01
+            "DO $$ BEGIN RAISE EXCEPTION 'user code says no'; END $$",  # P0001
+            raise_sqlstate("23505"),
+            raise_sqlstate("40002"),  # a deferred constraint at commit
+            raise_sqlstate("55000"),  # object_not_in_prerequisite_state
+            raise_sqlstate("54000"),  # program_limit_exceeded
+        ]
+        for sql in callers:
+            exc = await raised(db, sql)
+            assert classify(exc) is None, (sql, exc)
+    finally:
+        await other.close()
+        await db.dispose()
+
+
+@SQLITE_ONLY
+async def test_sqlite_full_database_is_a_fault_and_sql_errors_are_not(
+    database_url: str, tmp_path: Path
+) -> None:
+    """SQLite's own "database or disk is full" (``max_page_count``) is a fault; bad SQL is not."""
+    db = Database(make_settings(database_url, tmp_path))
+    try:
+        async with db.write() as conn:
+            await conn.execute(text("CREATE TABLE probe (id INTEGER PRIMARY KEY, v TEXT)"))
+        async with db.write() as conn:  # the one writer connection: cap the file at its size
+            await conn.exec_driver_sql("PRAGMA max_page_count = 1")
+
+        async def grow(conn: AsyncConnection) -> None:
+            await conn.execute(text("INSERT INTO probe (v) VALUES (:v)"), {"v": "x" * 200_000})
+
+        exc = await failure(db, grow)
+        assert getattr(getattr(exc, "orig", None), "sqlite_errorname", None) == "SQLITE_FULL"
+        assert classify(exc) is DbFault.INSUFFICIENT_RESOURCES
+        async with db.write() as conn:
+            await conn.exec_driver_sql("PRAGMA max_page_count = 1073741823")
+        async with db.write() as conn:
+            await grow(conn)  # the same write succeeds once there is room
+
+        missing = await raised(db, "SELECT * FROM no_such_table")
+        assert getattr(getattr(missing, "orig", None), "sqlite_errorname", None) == "SQLITE_ERROR"
+        assert classify(missing) is None  # an OperationalError, but the caller's fault
+
+        async def duplicate(conn: AsyncConnection) -> None:
+            await conn.execute(text("INSERT INTO probe (id, v) VALUES (1, 'a'), (1, 'b')"))
+
+        assert classify(await failure(db, duplicate)) is None
+    finally:
+        await db.dispose()
+
+
+_SWITCHED_TRIGGER = """
+CREATE TABLE fault_switch (code text NOT NULL);
+CREATE FUNCTION fault_on_steps() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE c text;
+BEGIN
+  SELECT code INTO c FROM fault_switch LIMIT 1;
+  IF c IS NOT NULL THEN
+    RAISE EXCEPTION 'simulated fault' USING ERRCODE = c;
+  END IF;
+  RETURN NEW;
+END $$;
+CREATE TRIGGER fault_on_steps BEFORE UPDATE ON steps
+  FOR EACH ROW EXECUTE FUNCTION fault_on_steps();
+"""
+
+_LOCK_TIMEOUT = """DO $$ BEGIN
+  EXECUTE format('ALTER DATABASE %I SET lock_timeout = ''300ms''', current_database());
+END $$"""
+
+
+class _Fault:
+    """A real database fault that a test switches on and off while a worker runs.
+
+    ``lock_timeout`` (PostgreSQL): the database's ``lock_timeout`` is 300 ms and a second
+    connection holds the run's step rows; ``53100`` / ``XX000`` / ``58030`` (PostgreSQL):
+    a trigger on ``steps`` raises that SQLSTATE (disk full, internal error, I/O error);
+    ``SQLITE_FULL``: ``max_page_count`` caps the file on the one writer connection.
+    """
+
+    def __init__(self, kind: str, database_url: str) -> None:
+        self.kind = kind
+        self.url = database_url
+        self.other: Any = None
+        self.tx: Any = None
+
+    @property
+    def fault(self) -> DbFault:
+        return {
+            "lock_timeout": DbFault.LOCK_TIMEOUT,
+            "53100": DbFault.INSUFFICIENT_RESOURCES,
+            "XX000": DbFault.SYSTEM_ERROR,
+            "58030": DbFault.SYSTEM_ERROR,
+            "SQLITE_FULL": DbFault.INSUFFICIENT_RESOURCES,
+        }[self.kind]
+
+    async def prepare(self) -> None:
+        """Before the database under test opens its connections."""
+        if self.kind == "SQLITE_FULL":
+            return
+        self.other = await asyncpg.connect(asyncpg_dsn(self.url))
+        await self.other.execute(
+            _LOCK_TIMEOUT if self.kind == "lock_timeout" else _SWITCHED_TRIGGER
+        )
+
+    async def on(self, db: Database, run_id: uuid.UUID) -> None:
+        if self.kind == "SQLITE_FULL":
+            async with db.write() as conn:
+                await conn.exec_driver_sql("PRAGMA max_page_count = 1")
+        elif self.kind == "lock_timeout":
+            self.tx = self.other.transaction()
+            await self.tx.start()
+            await self.other.execute("SELECT 1 FROM steps WHERE run_id = $1 FOR UPDATE", run_id)
+        else:
+            await self.other.execute("INSERT INTO fault_switch VALUES ($1)", self.kind)
+
+    async def off(self, db: Database) -> None:
+        if self.kind == "SQLITE_FULL":
+            async with db.write() as conn:
+                await conn.exec_driver_sql("PRAGMA max_page_count = 1073741823")
+        elif self.kind == "lock_timeout":
+            await self.tx.rollback()
+        else:
+            await self.other.execute("DELETE FROM fault_switch")
+
+    async def close(self) -> None:
+        if self.other is not None:
+            await self.other.close()
+
+
+@pytest.mark.parametrize(
+    ("database_url", "kind"),
+    [
+        ("postgresql", "lock_timeout"),
+        ("postgresql", "53100"),
+        ("postgresql", "XX000"),
+        ("postgresql", "58030"),
+        ("sqlite", "SQLITE_FULL"),
+    ],
+    indirect=["database_url"],
+)
+async def test_a_checkpoint_fault_of_any_class_gives_the_run_back(
+    database_url: str, tmp_path: Path, kind: str
+) -> None:
+    """The step ran; its checkpoint meets a fault outside the old hand-made list.
+
+    Lock timeout (55P03), disk full (53100), internal error (XX000), I/O error (58030),
+    SQLite's full database: the run is given back, not failed (failing it would make a
+    requeue repeat the step's effect), no dead letter, and it completes once the fault
+    clears.
+    """
+    fault = _Fault(kind, database_url)
+    await fault.prepare()
+    settings = make_settings(database_url, tmp_path, poll_interval_seconds=0.05)
+    db = Database(settings)
+    key = f"any-{kind}-{uuid.uuid4().hex[:6]}"
+    counted = metrics.DB_FAULTS.labels(fault.fault.value)
+    before = counted._value.get()
+    try:
+        run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-big", key=key)
+        async with support.workers(settings, db, REGISTRY) as (worker,):
+            await asyncio.wait_for(_gate(f"{key}:started").wait(), 30)
+            await fault.on(db, run_id)
+            try:
+                _gate(f"{key}:release").set()  # the step returns; its checkpoint fails
+
+                async def gave_back() -> bool:
+                    return worker.stats.db_faults >= 1
+
+                await wait_for(gave_back, timeout=30, what="the worker gave the run back")
+            finally:
+                await fault.off(db)
+            row = await support.reach(db, TENANT, run_id, "completed", "failed", timeout=60)
+            assert not worker._stopping.is_set()
+        assert (row["status"], json.loads(row["output"])) == ("completed", "call-2.........+after")
+        assert counted._value.get() > before
+        async with db.read() as conn:
+            letters = await conn.execute(
+                select(func.count()).where(dead_letters.c.run_id == run_id)
+            )
+            failed = await conn.execute(
+                select(func.count()).where(
+                    events.c.run_id == run_id, events.c.kind.in_(["run_failed", "step_failed"])
+                )
+            )
+            assert (letters.scalar_one(), failed.scalar_one()) == (0, 0)
+    finally:
+        await fault.close()
+        await db.dispose()
+
+
+async def test_a_runs_error_never_shows_sql(database_url: str, tmp_path: Path) -> None:
+    """A transactional step's own SQL fails (the caller's fault): the run fails, no SQL shown.
+
+    The step's and the run's error (message and traceback), the timeline and the dead
+    letter carry the driver's message and SQLSTATE, never the statement or its parameters.
+    """
+    settings = make_settings(database_url, tmp_path)
+    db = Database(settings)
+    try:
+        async with db.write() as conn:
+            await conn.execute(text("CREATE TABLE probe (id int PRIMARY KEY, v int NOT NULL)"))
+        run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-own-sql", key="sql")
+        async with support.workers(settings, db, REGISTRY):
+            row = await support.reach(db, TENANT, run_id, "completed", "failed", timeout=60)
+        async with db.read() as conn:
+            step_errors = (
+                (await conn.execute(select(steps.c.error).where(steps.c.run_id == run_id)))
+                .scalars()
+                .all()
+            )
+            event_data = (
+                (await conn.execute(select(events.c.data).where(events.c.run_id == run_id)))
+                .scalars()
+                .all()
+            )
+            letters = (
+                (
+                    await conn.execute(
+                        select(dead_letters.c.error).where(dead_letters.c.run_id == run_id)
+                    )
+                )
+                .scalars()
+                .all()
+            )
+    finally:
+        await db.dispose()
+    assert (row["status"], row["reason"]) == ("failed", "failure_attempts_exhausted")
+    error = json.loads(row["error"])
+    assert (error["type"], error["step_id"]) == ("StepFailed", "insert_twice"), error
+    assert "unique" in error["message"].lower(), error["message"]  # the driver says why
+    assert letters, "a dead letter was written"
+    assert "INSERT" not in error["message"]
+    # Tracebacks keep the step's own source lines; what SQLAlchemy adds to a failed
+    # statement's message (the statement, its parameters) is gone from every copy.
+    for shown in [row["error"], *step_errors, *event_data, *letters]:
+        assert shown is None or ("[SQL:" not in shown and "[parameters:" not in shown), shown
+
+
+# --- pool saturation is visible, and never reaches heartbeats -----------------------------
+
+
+def sample(name: str, pool: str) -> float:
+    """A ``treadle_db_pool_*`` sample of this process (0 before its first observation)."""
+    return prometheus_client.REGISTRY.get_sample_value(name, {"pool": pool}) or 0.0
+
+
+async def test_a_saturated_pool_shows_in_metrics_and_leases_still_renew(
+    database_url: str, tmp_path: Path
+) -> None:
+    """The main pool's one connection is held: a checkpoint waits, the heartbeat does not.
+
+    ``treadle_db_pool_in_use_connections`` and ``treadle_db_pool_waiting_checkouts`` show
+    the saturation while it lasts and ``treadle_db_pool_wait_seconds`` counts the wait;
+    meanwhile a lease renewal on the lease pool commits at once.
+    """
+    settings = make_settings(database_url, tmp_path, db_pool_size=1, db_pool_timeout_seconds=60)
+    db = Database(settings)
+    run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-held", key="pool")
+    async with db.write() as conn:
+        (claimed,) = await runs_q.claim_runs(
+            conn, worker_id="w", definition_keys=REGISTRY.keys, limit=1, lease_ttl=60
+        )
+    in_use = sample("treadle_db_pool_in_use_connections", "main")
+    waits = sample("treadle_db_pool_wait_seconds_count", "main")
+    try:
+        # The main pool's only connection, checked out (no statement: on SQLite that would
+        # BEGIN IMMEDIATE and take the database's write lock, which is not the point here).
+        async with db.engine.connect():
+            assert sample("treadle_db_pool_in_use_connections", "main") == in_use + 1
+
+            async def touch(conn: AsyncConnection) -> None:
+                await conn.execute(select(1))
+
+            queued = asyncio.create_task(db.write_retrying(touch, what="queued"))
+
+            async def waiting() -> bool:
+                return sample("treadle_db_pool_waiting_checkouts", "main") >= 1
+
+            await wait_for(waiting, timeout=20, what="a caller waiting for the main pool")
+            async with db.lease_write() as conn:  # the heartbeat's pool: not waiting
+                held = await runs_q.renew_leases(
+                    conn, worker_id="w", run_ids=[run_id], lease_ttl=60
+                )
+            assert held == {run_id: claimed["fence"]}
+            assert sample("treadle_db_pool_size_connections", "lease") >= 1  # opened on use
+            assert not queued.done()
+        await asyncio.wait_for(queued, 30)
+        assert sample("treadle_db_pool_waiting_checkouts", "main") == 0
+        assert sample("treadle_db_pool_wait_seconds_count", "main") > waits
+        assert sample("treadle_db_pool_in_use_connections", "main") == in_use
+    finally:
+        await db.dispose()
+
+
+@SQLITE_ONLY
+async def test_sqlite_full_database_is_a_503_over_http_and_stores_nothing(
+    database_url: str, tmp_path: Path
+) -> None:
+    """SQLite's "database or disk is full" on ``POST /runs``: 503, no SQL, nothing stored.
+
+    ``max_page_count`` caps the file on the process's one writer connection (SQLite's
+    own ``SQLITE_FULL``, as a full disk gives); once lifted, the same request creates the
+    run, once.
+    """
+    db = Database(make_settings(database_url, tmp_path))
+    async with db.write() as conn:
+        await REGISTRY.register(conn)
+    body = {
+        "workflow": "fault-held",
+        "input": {"key": "k" * 100_000},
+        "idempotency_key": "full-1",
+    }
+    try:
+        async with support.api_client(db.settings, db, TENANT) as client:
+            async with db.write() as conn:
+                await conn.exec_driver_sql("PRAGMA max_page_count = 1")
+            refused = await client.post("/runs", json=body)
+            listed = await client.get("/runs")
+            async with db.write() as conn:
+                await conn.exec_driver_sql("PRAGMA max_page_count = 1073741823")
+            accepted = await client.post("/runs", json=body)
+            again = await client.post("/runs", json=body)
+    finally:
+        await db.dispose()
+    assert refused.status_code == 503, refused.text
+    assert refused.headers["content-type"] == "application/problem+json"
+    assert refused.headers["retry-after"] == "2"
+    assert refused.json()["code"] == "database_unavailable"
+    for fragment in ("INSERT", "[SQL", "[parameters", "runs"):
+        assert fragment not in refused.json()["detail"], refused.text
+    assert (listed.status_code, listed.json()["items"]) == (200, [])
+    assert accepted.status_code == 201, accepted.text  # the refused one stored nothing
+    assert (again.status_code, again.json()["run_id"]) == (200, accepted.json()["run_id"])

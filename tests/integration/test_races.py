@@ -467,3 +467,44 @@ async def test_heartbeat_racing_a_takeover_leaves_one_holder(
     async with db.write() as conn:
         with pytest.raises(LeaseLost):
             await runs_q.check_fence(conn, run_id, stale)
+
+
+async def test_a_worker_past_its_lease_never_claims_its_own_run_again(
+    rsettings: Settings, db: Database
+) -> None:
+    """A worker paused past its lease resumes: its own run in flight is not claimed again.
+
+    The lease of a run the worker is executing expires (what a GC pause, a VM freeze or
+    SIGSTOP does). The worker's next claim rounds must skip that run, although it is due:
+    claiming it would start a second execution in the same process, count the first
+    one's attempt as lost, and let the first one's cleanup drop the second's bookkeeping
+    (unheartbeated, it would be lost and claimed again, until ``WorkerLost``). A second
+    run submitted after the expiry proves a claim round ran with the first one due (it
+    is older in claim order, so that round would have taken it first).
+    """
+    first = f"own-{next(_ids)}-{uuid.uuid4().hex[:6]}"
+    second = f"own-{next(_ids)}-{uuid.uuid4().hex[:6]}"
+    run_id = await submit(db, rsettings, "race-held", key=first)
+    async with worker(rsettings, db) as (w,):
+        await asyncio.wait_for(_gate(f"{first}:started").wait(), 30)
+        claimed = await run_row(db, run_id)
+        execution = w._active[run_id]
+        await _expire_lease(db, run_id)
+        later = await submit(db, rsettings, "race-held", key=second)
+        await asyncio.wait_for(_gate(f"{second}:started").wait(), 30)
+        row = await run_row(db, run_id)
+        assert (row["fence"], row["attempt"]) == (claimed["fence"], claimed["attempt"])
+        assert w._active[run_id] is execution  # still the one execution, still heartbeated
+        assert await event_count(db, run_id, "run_claimed") == 1
+        _gate(f"{first}:release").set()
+        _gate(f"{second}:release").set()
+        row = await support.reach(db, TENANT, run_id, "completed", "failed")
+        await support.reach(db, TENANT, later, "completed", "failed")
+        assert w.stats.lease_lost == 0
+    assert (row["status"], json.loads(row["output"]), row["attempt"]) == ("completed", "call-1", 1)
+    assert calls[first] == 1  # the step ran once
+    async with db.read() as conn:
+        letters = await conn.execute(select(func.count()).where(dead_letters.c.run_id == run_id))
+        step = (await conn.execute(select(steps).where(steps.c.run_id == run_id))).one()
+    assert letters.scalar_one() == 0
+    assert (step.status, step.attempt) == ("succeeded", 1)

@@ -11,6 +11,8 @@ from typing import Any
 from sqlalchemy import (
     RowMapping,
     Text,
+    Uuid,
+    all_,
     and_,
     bindparam,
     case,
@@ -246,14 +248,35 @@ async def list_runs(
     return (await conn.execute(stmt)).mappings().all()
 
 
-def _claimable(definition_keys: Sequence[tuple[str, str]], now: Any) -> list[Any]:
-    """WHERE clauses of a due, claimable run of the given (workflow, version) pairs."""
+def _claimable(definition_keys: Sequence[tuple[str, str]], dialect: str) -> list[Any]:
+    """WHERE clauses of a due, claimable run of the given (workflow, version) pairs.
+
+    Binds ``b_executing`` (:func:`executing_param`): the runs the claiming worker is still
+    executing are never claimable by it, even when their lease has expired. A worker that
+    was paused past its lease (GC pause, VM freeze, SIGSTOP) would otherwise claim its own
+    runs again on resuming and run their steps a second time beside the first execution,
+    each pass recorded as an attempt interrupted by a lost worker (docs/guarantees.md).
+    """
     return [
         runs.c.available_at.is_not(None),
-        runs.c.available_at <= now,
+        runs.c.available_at <= now_expr(dialect),
         runs.c.status.in_([s.value for s in CLAIMABLE_STATUSES]),
         tuple_(runs.c.workflow, runs.c.version).in_(list(definition_keys)),
+        _not_executing(dialect),
     ]
+
+
+def _not_executing(dialect: str) -> Any:
+    if dialect == "postgresql":
+        # One array parameter: the statement text (and asyncpg's prepared statement)
+        # stays the same whatever the number of runs in flight; ``<> ALL('{}')`` is true.
+        return runs.c.run_id != all_(bindparam("b_executing", type_=postgresql.ARRAY(Uuid())))
+    return runs.c.run_id.not_in(bindparam("b_executing", expanding=True))
+
+
+def executing_param(executing: Sequence[uuid.UUID]) -> dict[str, list[uuid.UUID]]:
+    """The bound parameters of a claim statement: ``executing``, the claimer's runs in flight."""
+    return {"b_executing": list(executing)}
 
 
 def _claim_order() -> tuple[Any, Any]:
@@ -296,6 +319,7 @@ async def claim_runs(
     limit: int,
     lease_ttl: float,
     with_events: bool = False,
+    executing: Sequence[uuid.UUID] = (),
 ) -> Sequence[RowMapping]:
     """Lease up to ``limit`` due runs of the given (workflow, version) pairs.
 
@@ -315,16 +339,20 @@ async def claim_runs(
     event in the same statement (a data-modifying CTE), so that on an autocommit
     connection a claim is a single round trip; otherwise the caller appends them with
     :func:`app.db.queries.events.append_claims`.
+
+    ``executing`` names the runs this worker is still executing: never claimed again by
+    it, whatever their lease says (see :func:`_claimable`).
     """
     if not definition_keys or limit <= 0:
         return []
     dialect = _dialect(conn)
+    params = executing_param(executing)
     if dialect == "postgresql":
         stmt = _pg_claim_statement(worker_id, tuple(definition_keys), limit, lease_ttl, with_events)
-        return (await conn.execute(stmt)).mappings().all()
+        return (await conn.execute(stmt, params)).mappings().all()
     # SQLite's RETURNING names only the updated table, so read the due rows first;
     # BEGIN IMMEDIATE already holds the write lock, so nothing moves in between.
-    picked = (await conn.execute(_due(dialect, definition_keys, limit))).mappings().all()
+    picked = (await conn.execute(_due(dialect, definition_keys, limit), params)).mappings().all()
     return await claim_listed_runs(
         conn, worker_id=worker_id, due={row["run_id"]: row for row in picked}, lease_ttl=lease_ttl
     )
@@ -333,7 +361,7 @@ async def claim_runs(
 def _due(dialect: str, definition_keys: Sequence[tuple[str, str]], limit: int) -> Any:
     return (
         select(runs.c.run_id, *_attempt_checks())
-        .where(*_claimable(definition_keys, now_expr(dialect)))
+        .where(*_claimable(definition_keys, dialect))
         .order_by(*_claim_order())
         .limit(limit)
     )
@@ -413,7 +441,11 @@ def _with_claim_events(claim: Any, worker_id: str) -> Any:
 
 
 async def due_candidates(
-    conn: AsyncConnection, *, definition_keys: Sequence[tuple[str, str]], limit: int
+    conn: AsyncConnection,
+    *,
+    definition_keys: Sequence[tuple[str, str]],
+    limit: int,
+    executing: Sequence[uuid.UUID] = (),
 ) -> Sequence[RowMapping]:
     """Lock and return up to ``limit`` due runs, in claim order, without claiming them.
 
@@ -434,13 +466,13 @@ async def due_candidates(
             runs.c.started_at,
             *_attempt_checks(),
         )
-        .where(*_claimable(definition_keys, now_expr(dialect)))
+        .where(*_claimable(definition_keys, dialect))
         .order_by(*_claim_order())
         .limit(limit)
     )
     if dialect == "postgresql":
         stmt = stmt.with_for_update(of=runs, skip_locked=True)
-    return (await conn.execute(stmt)).mappings().all()
+    return (await conn.execute(stmt, executing_param(executing))).mappings().all()
 
 
 async def claim_listed_runs(
