@@ -91,7 +91,7 @@ class Stack:
             except httpx.HTTPError:
                 return False
 
-        wait_for_sync(ready, timeout=30, what="API ready")
+        wait_for_sync(ready, timeout=120, what="API ready")
 
     def start_worker(
         self,
@@ -115,7 +115,7 @@ class Stack:
             live = {w for wf in items for v in wf["versions"] for w in v["live_workers"]}
             return any(f":{proc.pid}:" in w for w in live)
 
-        wait_for_sync(registered, timeout=30, what=f"worker {proc.pid} registered")
+        wait_for_sync(registered, timeout=120, what=f"worker {proc.pid} registered")
         return proc
 
     def client(self, tok: str | None = None) -> httpx.Client:
