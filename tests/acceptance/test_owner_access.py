@@ -10,14 +10,24 @@ from every list; an ``admin`` principal sees them all.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import ExitStack
 from typing import Any
 
 import httpx
+import pytest
 
 from app.auth.principal import ALL_SCOPES, Scope
 from tests.acceptance.conftest import Stack, token
 
 USER = [s for s in Scope if s != Scope.ADMIN]
+
+
+@pytest.fixture
+def clients() -> Iterator[ExitStack]:
+    """Closes every HTTP client a test opens."""
+    with ExitStack() as opened:
+        yield opened
 
 
 def _result(c: httpx.Client, run_id: str) -> dict[str, Any]:
@@ -49,11 +59,13 @@ def _invisible(bob: httpx.Client, run_id: str) -> list[str]:
     return wrong
 
 
-def test_owner_policy_holds_for_every_kind_children_and_schedules(stack: Stack) -> None:
+def test_owner_policy_holds_for_every_kind_children_and_schedules(
+    stack: Stack, clients: ExitStack
+) -> None:
     stack.start_worker("tests.acceptance.owner_handlers")
-    alice = stack.client(token("acme", "alice", USER))
-    bob = stack.client(token("acme", "bob", USER))
-    root = stack.client(token("acme", "root", ALL_SCOPES))
+    alice = clients.enter_context(stack.client(token("acme", "alice", USER)))
+    bob = clients.enter_context(stack.client(token("acme", "bob", USER)))
+    root = clients.enter_context(stack.client(token("acme", "root", ALL_SCOPES)))
 
     submitted = {
         "own-wf": alice.post("/runs", json={"workflow": "own-wf", "input": {"n": 3}}),

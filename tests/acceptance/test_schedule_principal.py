@@ -9,16 +9,32 @@ The same for a suspended tenant's schedule. A schedule created with a JWT is una
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import Iterator
+from contextlib import ExitStack
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import httpx
+import pytest
 
 from app.auth.principal import ALL_SCOPES, Scope
+from app.core.settings import Settings
+from app.db.database import Database
+from app.engine.registry import Registry
 from tests.acceptance.conftest import Stack, token
+from tests.acceptance.handlers import echo_flow
+from tests.conftest import DEV_SECRET
 from tests.helpers import wait_for_sync
 
 USER = [s for s in Scope if s != Scope.ADMIN]
+
+
+@pytest.fixture
+def clients() -> Iterator[ExitStack]:
+    """Closes every HTTP client a test opens."""
+    with ExitStack() as opened:
+        yield opened
 
 
 def _wait_run(c: httpx.Client, run_id: str, *statuses: str) -> dict[str, Any]:
@@ -37,17 +53,34 @@ def _wait_fire(c: httpx.Client, schedule_id: str) -> dict[str, Any]:
     return wait_for_sync(probe, timeout=60, what=f"a fire of schedule {schedule_id}")
 
 
+def _register(database_url: str) -> None:
+    """Register the echo workflow as a worker would, without running one yet."""
+
+    async def register() -> None:
+        db = Database(Settings(database_url=database_url, dev_secret=DEV_SECRET))
+        try:
+            async with db.write() as conn:
+                await Registry([echo_flow]).register(conn)
+        finally:
+            await db.dispose()
+
+    asyncio.run(register())
+
+
 def _soon() -> str:
     return (datetime.now(UTC) + timedelta(seconds=2)).isoformat()
 
 
-def test_a_revoked_keys_schedule_stops_firing_and_its_runs_fail(stack: Stack) -> None:
-    root = stack.client(token("acme", "root", ALL_SCOPES))
-    alice = stack.client(token("acme", "alice", USER))
+def test_a_revoked_keys_schedule_stops_firing_and_its_runs_fail(
+    stack: Stack, clients: ExitStack
+) -> None:
+    _register(stack.database_url)
+    root = clients.enter_context(stack.client(token("acme", "root", ALL_SCOPES)))
+    alice = clients.enter_context(stack.client(token("acme", "alice", USER)))
     made = root.post("/admin/api-keys", json={"name": "cron", "scopes": ["runs:write"]})
     assert made.status_code == 201, made.text
     key = made.json()
-    as_key = stack.client(key["api_key"])
+    as_key = clients.enter_context(stack.client(key["api_key"]))
     echo = {"workflow": "acc-echo", "input": {"value": 1}, "overlap": "allow_all"}
     recurring = as_key.post("/schedules", json={"name": "k-cron", "cron": "0 0 1 1 *", **echo})
     assert recurring.status_code == 201, recurring.text
@@ -86,10 +119,11 @@ def test_a_revoked_keys_schedule_stops_firing_and_its_runs_fail(stack: Stack) ->
     assert sorted(r["run_id"] for r in listed) == sorted([before["run_id"], jwt_run])
 
 
-def test_a_suspended_tenants_schedule_stops_firing(stack: Stack) -> None:
-    alice = stack.client(token("initech", "alice", USER))
-    ops = stack.client(token("ops", "root", ALL_SCOPES))
-    root = stack.client(token("initech", "root", ALL_SCOPES))
+def test_a_suspended_tenants_schedule_stops_firing(stack: Stack, clients: ExitStack) -> None:
+    _register(stack.database_url)
+    alice = clients.enter_context(stack.client(token("initech", "alice", USER)))
+    ops = clients.enter_context(stack.client(token("ops", "root", ALL_SCOPES)))
+    root = clients.enter_context(stack.client(token("initech", "root", ALL_SCOPES)))
     once = alice.post(
         "/schedules",
         json={
