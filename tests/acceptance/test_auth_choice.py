@@ -19,6 +19,8 @@ import pytest
 
 from tests.acceptance.conftest import ROOT, Stack, free_port, token
 
+pytestmark = pytest.mark.timeout(300)  # API and worker processes on a loaded machine
+
 
 def _env_without_auth_mode(stack_env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in stack_env.items() if k != "TREADLE_AUTH_MODE"}

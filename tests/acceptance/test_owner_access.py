@@ -20,6 +20,7 @@ import pytest
 from app.auth.principal import ALL_SCOPES, Scope
 from tests.acceptance.conftest import Stack, token
 
+pytestmark = pytest.mark.timeout(300)  # API and worker processes on a loaded machine
 USER = [s for s in Scope if s != Scope.ADMIN]
 
 

@@ -27,6 +27,7 @@ from tests.acceptance.handlers import echo_flow
 from tests.conftest import DEV_SECRET
 from tests.helpers import wait_for_sync
 
+pytestmark = pytest.mark.timeout(300)  # API and worker processes on a loaded machine
 USER = [s for s in Scope if s != Scope.ADMIN]
 
 
