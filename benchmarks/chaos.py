@@ -133,6 +133,8 @@ class Harness:
         self.env.update(
             {
                 "TREADLE_DATABASE_URL": cluster.url("treadle"),
+                # Explicit: `treadle serve` on PostgreSQL refuses dev auth nobody chose.
+                "TREADLE_AUTH_MODE": "dev",
                 "TREADLE_DEV_SECRET": SECRET,
                 "TREADLE_DATA_DIR": str(root / "data"),
                 "TREADLE_LEASE_TTL_SECONDS": "3",

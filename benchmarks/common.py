@@ -61,6 +61,9 @@ def worker_env(url: str, **extra: str) -> dict[str, str]:
     return {
         **os.environ,
         "TREADLE_DATABASE_URL": asyncpg_url(url),
+        # Explicit: the benchmarks mint dev tokens, and `treadle serve` on PostgreSQL
+        # refuses dev auth nobody chose.
+        "TREADLE_AUTH_MODE": "dev",
         "TREADLE_DEV_SECRET": DEV_SECRET,
         "TREADLE_LOG_LEVEL": "WARNING",
         **extra,

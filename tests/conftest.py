@@ -18,7 +18,7 @@ from typing import Any
 import asyncpg
 import pytest
 
-from app.core.settings import Settings
+from app.core.settings import AuthMode, Settings
 from app.db.database import Database
 from app.db.migrations import upgrade_to_head
 
@@ -91,6 +91,8 @@ def make_settings(database_url: str, tmp_path: Path, **overrides: Any) -> Settin
     """Test settings: short leases and polls so crash recovery takes seconds."""
     values: dict[str, Any] = {
         "database_url": database_url,
+        # Explicit: dev auth on PostgreSQL is refused unless chosen by name.
+        "auth_mode": AuthMode.DEV,
         "dev_secret": DEV_SECRET,
         "data_dir": tmp_path / "data",
         "lease_ttl_seconds": 3.0,

@@ -107,7 +107,21 @@ class Schedule(BaseModel):
     missed_count: int = Field(description="Ticks skipped as older than the catch-up window.")
     skipped_count: int = Field(description="Ticks skipped by the overlap policy.")
     last_error: str | None
-    created_by: str
+    blocked_reason: str | None = Field(
+        default=None,
+        description="Why the principal the schedule acts for may not act now: the API "
+        "key it was created with is revoked, or its tenant is suspended. Its ticks then "
+        "start nothing and are recorded `failed` with this sentence as `error`. Null when "
+        "it can fire.",
+    )
+    access: Literal["tenant", "owner"] = Field(
+        default="tenant",
+        description="The access policy of its workflow: `owner` schedules are visible to "
+        "their creator (and `admin`) only.",
+    )
+    created_by: str = Field(
+        description="The subject the schedule acts for: its runs are created in this name."
+    )
     created_at: datetime
     updated_at: datetime
 

@@ -10,7 +10,7 @@ from app.auth.api_keys import is_api_key
 from app.auth.dev import DevTokens, dev_secret
 from app.auth.jwt import JwtVerifier
 from app.auth.principal import Principal
-from app.core.errors import Unauthenticated
+from app.core.errors import AuthModeRequired, Unauthenticated
 from app.core.settings import AuthMode, Settings
 
 log = structlog.get_logger("treadle.auth")
@@ -57,11 +57,17 @@ class Authenticator:
     refused by ``tenants`` (403) before anything is written (not even an API key's
     ``last_used_at``).
 
+    Dev mode outside the embedded SQLite database must be chosen explicitly
+    (:meth:`Settings.dev_auth_refusal`).
+
     Args:
         settings: the auth mode and its parameters.
         jwt_verifier: override the JWKS verifier (tests).
         api_keys: API key verifier; without one, API keys are refused.
         tenants: the suspended-tenant gate; without one, no tenant is refused.
+
+    Raises:
+        AuthModeRequired: dev mode by default on a database other than SQLite.
     """
 
     def __init__(
@@ -71,6 +77,9 @@ class Authenticator:
         api_keys: ApiKeyVerifier | None = None,
         tenants: TenantGate | None = None,
     ) -> None:
+        refusal = settings.dev_auth_refusal()
+        if refusal is not None:
+            raise AuthModeRequired(refusal)
         self.mode = settings.auth_mode
         self._dev = DevTokens(dev_secret(settings)) if self.mode == AuthMode.DEV else None
         self._jwt = jwt_verifier or (JwtVerifier(settings) if self.mode == AuthMode.JWT else None)

@@ -128,7 +128,11 @@ def serve(
     host: Annotated[str | None, typer.Option(help="Bind address")] = None,
     port: Annotated[int | None, typer.Option(help="Port")] = None,
 ) -> None:
-    """Run the HTTP API (uvicorn). Refuses to start unless the schema is at head."""
+    """Run the HTTP API (uvicorn). Refuses to start unless the schema is at head.
+
+    Outside the embedded SQLite database, refuses to start unless TREADLE_AUTH_MODE is
+    set (jwt for production; dev only explicitly, for local testing).
+    """
     import uvicorn
 
     from app.api.app import create_app
@@ -137,6 +141,7 @@ def serve(
 
     settings = load_settings(host=host, port=port)
     configure_logging(settings)
+    require_chosen_auth(settings, "serve")
     _run(_require_schema(settings))  # a clear one-line refusal instead of a lifespan traceback
     api = create_app(settings)
     # Long-polls may wait minutes: on SIGTERM give them 5 s, then close (clients retry).
@@ -191,22 +196,24 @@ def require_local_dev(settings: Settings, command: str) -> None:
     laptop: allowed on SQLite (the embedded database); on any other database only when
     ``TREADLE_AUTH_MODE=dev`` is set explicitly, and then with a warning (docs/security.md).
     """
-    from sqlalchemy.engine import make_url
-
     if settings.auth_mode != AuthMode.DEV:
         _fail(f"refusing `treadle {command}`: TREADLE_AUTH_MODE is {settings.auth_mode.value}")
-    explicit = "auth_mode" in settings.model_fields_set
-    if settings.is_sqlite and not explicit:
-        return
-    where = make_url(settings.database_url).render_as_string(hide_password=True)
-    if not explicit:
-        _fail(
-            f"refusing `treadle {command}`: dev-mode tokens are for the embedded SQLite "
-            f"database, and this is {where}. Set TREADLE_AUTH_MODE=dev explicitly to use "
-            "them anyway (local testing only), or TREADLE_AUTH_MODE=jwt with your identity "
-            "provider."
-        )
-    if not settings.is_sqlite:
+    require_chosen_auth(settings, command)
+
+
+def require_chosen_auth(settings: Settings, command: str) -> None:
+    """Refuse dev auth that nobody chose: outside SQLite it must be explicit.
+
+    The rule is :meth:`Settings.dev_auth_refusal` (also enforced by ``create_app``); an
+    explicit ``TREADLE_AUTH_MODE=dev`` on another database starts with a warning.
+    """
+    from sqlalchemy.engine import make_url
+
+    refusal = settings.dev_auth_refusal()
+    if refusal is not None:
+        _fail(f"refusing `treadle {command}`: {refusal}")
+    if settings.auth_mode == AuthMode.DEV and not settings.is_sqlite:
+        where = make_url(settings.database_url).render_as_string(hide_password=True)
         typer.secho(
             f"WARNING: dev-mode tokens on {where}: anyone holding the dev secret can act "
             "as any tenant with any scope. For local testing only.",

@@ -190,6 +190,17 @@ class HandlersNotLoaded(TreadleError):
     code = "handlers_not_loaded"
 
 
+class AuthModeRequired(TreadleError):
+    """Dev-mode auth was not chosen explicitly outside the embedded SQLite database.
+
+    Raised at start-up (``create_app``, ``treadle serve``), never in a request: dev tokens
+    are signed with a shared secret and name any tenant, so on a shared database they
+    must be an explicit ``TREADLE_AUTH_MODE=dev`` (docs/security.md).
+    """
+
+    code = "auth_mode_required"
+
+
 class CeilingExceeded(TreadleError):
     """A configured ceiling (steps per run, …) was hit; ``data["ceiling"]`` names it."""
 

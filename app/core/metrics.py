@@ -79,6 +79,12 @@ SCHEDULE_FIRES = Counter(
     "Schedule ticks fired, by workflow and outcome (started, skipped, buffered, failed).",
     ["workflow", "outcome"],
 )
+SCHEDULE_FIRES_REFUSED = Counter(
+    "treadle_schedule_fires_refused_total",
+    "Schedule ticks that started no run because the principal the schedule acts for may "
+    "no longer act, by cause (api_key_revoked, tenant_suspended).",
+    ["cause"],
+)
 SCHEDULE_TICKS_MISSED = Counter(
     "treadle_schedule_ticks_missed_total",
     "Schedule ticks skipped because they were older than the catch-up window.",

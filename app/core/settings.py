@@ -318,6 +318,36 @@ class Settings(BaseSettings):
         """True when the database URL names SQLite (the embedded default)."""
         return self.database_url.startswith("sqlite")
 
+    @property
+    def auth_mode_explicit(self) -> bool:
+        """True when ``TREADLE_AUTH_MODE`` (or the ``auth_mode`` argument) was given."""
+        return "auth_mode" in self.model_fields_set
+
+    def dev_auth_refusal(self) -> str | None:
+        """Why dev-mode auth may not run with these settings, or None when it may.
+
+        Dev tokens (``treadle token``) are HS256 tokens signed with one local secret that
+        name any tenant and any scope: fit for a laptop, not for a shared database. So
+        the default ``dev`` mode holds only on SQLite (the embedded default); anywhere
+        else dev mode must be chosen explicitly with ``TREADLE_AUTH_MODE=dev``, and the
+        production choice is ``jwt`` (docs/security.md, docs/deployment.md). Every
+        process that verifies tokens (``treadle serve``, ``treadle dev``, ``treadle
+        token``) refuses to start with this message.
+        """
+        if self.auth_mode != AuthMode.DEV or self.is_sqlite or self.auth_mode_explicit:
+            return None
+        from sqlalchemy.engine import make_url
+
+        where = make_url(self.database_url).render_as_string(hide_password=True)
+        return (
+            f"TREADLE_AUTH_MODE is not set and the database is {where}: dev-mode tokens "
+            "(one shared secret, any tenant, any scope) are the default only on the "
+            "embedded SQLite database. Set TREADLE_AUTH_MODE=jwt with TREADLE_JWT_ISSUER, "
+            "TREADLE_JWT_AUDIENCE and TREADLE_JWT_JWKS_URL (or TREADLE_JWT_JWKS_FILE) for "
+            "your identity provider (per-tenant API keys work in every mode), or "
+            "TREADLE_AUTH_MODE=dev explicitly for local testing only."
+        )
+
 
 def format_settings_error(exc: Exception) -> str:
     """Render a pydantic ``ValidationError`` from :class:`Settings` as lines naming variables.

@@ -55,6 +55,29 @@ class RunReason(StrEnum):
     REJECTED_BY_APPROVER = "rejected_by_approver"
 
 
+class AccessPolicy(StrEnum):
+    """Who may see and act on a run or schedule of a definition (docs/security.md).
+
+    ``tenant``: any subject of its tenant holding the scope. ``owner``: only the subject
+    it acts for (``created_by``) and ``admin`` principals; for everyone else it does not
+    exist (404).
+    """
+
+    TENANT = "tenant"
+    OWNER = "owner"
+
+    @staticmethod
+    def stricter(*policies: str) -> AccessPolicy:
+        """The strictest of ``policies``: ``owner`` if any is, else ``tenant``.
+
+        Work started on someone's behalf (a child, a schedule's run) is never visible to
+        more subjects than the work or schedule that started it.
+        """
+        if any(AccessPolicy(p) == AccessPolicy.OWNER for p in policies):
+            return AccessPolicy.OWNER
+        return AccessPolicy.TENANT
+
+
 class StepStatus(StrEnum):
     """Lifecycle of one journaled step."""
 

@@ -355,7 +355,12 @@ schedules = Table(
     Column("missed_count", BigInteger, nullable=False, server_default=text("0")),
     Column("skipped_count", BigInteger, nullable=False, server_default=text("0")),
     Column("last_error", Text, nullable=True),
+    # The principal every run it starts acts for (revision 0012): ``created_by``, the API
+    # key it was created with (None for a JWT; each fire re-checks it is not revoked) and
+    # the access policy of its workflow (``owner``: only ``created_by`` sees or changes it).
     Column("created_by", String(255), nullable=False),
+    Column("api_key_id", Uuid, nullable=True),
+    Column("access", String(16), nullable=False, server_default=text("'tenant'")),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
     UniqueConstraint("tenant_id", "name"),

@@ -38,13 +38,13 @@ from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json, metrics
-from app.core.errors import InvalidInput, InvalidState, TreadleError
+from app.core.errors import Forbidden, InvalidInput, InvalidState, TreadleError
 from app.core.ids import new_uuid7
 from app.core.settings import Settings
+from app.core.status import AccessPolicy
 from app.db.database import Database, fetch_now
 from app.db.queries import schedules as sched_q
-from app.db.queries import tenants as tenants_q
-from app.engine import control
+from app.engine import authority, control
 from app.engine.submit import SubmitRequest, Submitter, insert_prepared
 
 log = structlog.get_logger("treadle.scheduler")
@@ -307,11 +307,12 @@ def _timing_values(schedule_id: uuid.UUID, values: dict[str, Any], now: datetime
 
 async def _validate_run(
     submitter: Submitter, workflow: str, version: str | None, input: Any
-) -> str:
-    input_text, _ = await submitter.prepare(
+) -> tuple[str, AccessPolicy]:
+    # The input as JSON text, and the access policy of the version a fire would start now.
+    input_text, resolved = await submitter.prepare(
         SubmitRequest(workflow=workflow, input=input, version=version)
     )
-    return input_text
+    return input_text, AccessPolicy(await submitter.access(workflow, resolved))
 
 
 async def create_schedule(
@@ -321,9 +322,15 @@ async def create_schedule(
     *,
     tenant_id: str,
     subject: str,
+    api_key_id: uuid.UUID | None = None,
     now: datetime | None = None,
 ) -> RowMapping:
     """Create a schedule; its first tick is the first one after ``now`` (DB clock default).
+
+    The schedule acts for its creator: ``subject`` and ``api_key_id`` (the API key the
+    request used, None for a JWT) are stored, every run it starts carries them, and each
+    fire re-checks them (app/engine/authority.py). Its ``access`` is its workflow's
+    policy: an owner-policy workflow's schedule is visible to ``subject`` alone.
 
     Raises:
         InvalidInput: bad timing (see :func:`check_timing`), input invalid for the
@@ -332,7 +339,7 @@ async def create_schedule(
         ScheduleNameTaken: the tenant already has a schedule of this name (409).
     """
     check_timing(spec.cron, spec.timezone, spec.at)
-    input_text = await _validate_run(submitter, spec.workflow, spec.version, spec.input)
+    input_text, access = await _validate_run(submitter, spec.workflow, spec.version, spec.input)
     schedule_id = new_uuid7()
     values: dict[str, Any] = {
         "schedule_id": schedule_id,
@@ -349,6 +356,8 @@ async def create_schedule(
         "jitter_seconds": spec.jitter_seconds,
         "state": (ScheduleState.PAUSED if spec.paused else ScheduleState.ACTIVE).value,
         "created_by": subject,
+        "api_key_id": api_key_id,
+        "access": access.value,
     }
 
     async def create_tx(conn: AsyncConnection) -> RowMapping:
@@ -391,14 +400,28 @@ async def update_schedule(
     tenant_id: str,
     schedule_id: uuid.UUID,
     changes: dict[str, Any],
+    owner: str | None = None,
     now: datetime | None = None,
 ) -> RowMapping:
     """Apply a partial update. Changing the timing recomputes the next tick from ``now``.
 
-    Setting ``cron`` clears ``at`` and vice versa. ``input`` is a JSON value.
+    Setting ``cron`` clears ``at`` and vice versa. ``input`` is a JSON value. The
+    schedule keeps acting for its creator; its ``access`` follows the (new) workflow.
+
+    Args:
+        db: the database.
+        submitter: validates the (new) workflow and input.
+        tenant_id: the caller's tenant.
+        schedule_id: the schedule.
+        changes: the fields to change (a subset of the editable ones).
+        owner: the caller's subject (None for admins): another subject's owner-policy
+            schedule is not found, and pointing someone else's schedule at an
+            owner-policy workflow is refused (it would start private work in their name).
+        now: "now" for the next tick (default the database clock).
 
     Raises:
-        ScheduleNotFound: not this tenant's schedule (404).
+        ScheduleNotFound: not this tenant's schedule, or not visible to ``owner`` (404).
+        Forbidden: the change makes another subject's schedule owner-policy (403).
         InvalidInput, WorkflowNotFound, ScheduleNameTaken: as for :func:`create_schedule`.
     """
     unknown = set(changes) - _EDITABLE
@@ -409,7 +432,7 @@ async def update_schedule(
         )
 
     async def update_tx(conn: AsyncConnection) -> RowMapping:
-        row = await sched_q.get_schedule(conn, tenant_id, schedule_id, lock=True)
+        row = await sched_q.get_schedule(conn, tenant_id, schedule_id, lock=True, owner=owner)
         merged: dict[str, Any] = dict(row)
         merged["input"] = json.loads(row["input"])
         merged.update(changes)
@@ -419,9 +442,15 @@ async def update_schedule(
             merged["cron"] = None if "cron" not in changes else merged["cron"]
         check_timing(merged["cron"], merged["timezone"], merged["at"])
         values = {k: merged[k] for k in _EDITABLE}
-        values["input"] = await _validate_run(
+        values["input"], access = await _validate_run(
             submitter, merged["workflow"], merged["version"], merged["input"]
         )
+        if access == AccessPolicy.OWNER and owner is not None and owner != row["created_by"]:
+            raise Forbidden(
+                f"workflow {merged['workflow']!r} is owner-policy: only the schedule's creator "
+                "may point it there, since its runs are started in the creator's name"
+            )
+        values["access"] = access.value
         if values["cron"] is not None:
             values["cron"] = " ".join(values["cron"].split())
         if values["at"] is not None:
@@ -452,6 +481,7 @@ async def set_paused(
     tenant_id: str,
     schedule_id: uuid.UUID,
     paused: bool,
+    owner: str | None = None,
     now: datetime | None = None,
 ) -> RowMapping:
     """Pause or resume. Idempotent. Resuming skips the ticks that fell in the pause.
@@ -460,13 +490,15 @@ async def set_paused(
     resuming is the first one after ``now`` (a one-off keeps its ``at``; if that passed
     during the pause, the catch-up window decides).
 
+    ``owner``: the caller's subject (None for admins), as for :func:`update_schedule`.
+
     Raises:
-        ScheduleNotFound: not this tenant's schedule (404).
+        ScheduleNotFound: not this tenant's schedule, or not visible to ``owner`` (404).
         InvalidState: the schedule is completed (a fired one-off) (409).
     """
 
     async def pause_tx(conn: AsyncConnection) -> RowMapping:
-        row = await sched_q.get_schedule(conn, tenant_id, schedule_id, lock=True)
+        row = await sched_q.get_schedule(conn, tenant_id, schedule_id, lock=True, owner=owner)
         state = ScheduleState(row["state"])
         if state == ScheduleState.COMPLETED:
             raise InvalidState(
@@ -523,11 +555,44 @@ async def _start_run(
         idempotency_key=key,
     )
     input_text, version = await submitter.prepare(request)
+    # The run acts for the schedule's creator: the same subject, API key (re-checked by
+    # each of its attempts) and, at least, the schedule's access policy.
+    access = AccessPolicy.stricter(row["access"], await submitter.access(row["workflow"], version))
     run, _ = await insert_prepared(
-        conn, request, input_text, version, tenant_id=row["tenant_id"], subject=row["created_by"]
+        conn,
+        request,
+        input_text,
+        version,
+        tenant_id=row["tenant_id"],
+        subject=row["created_by"],
+        api_key_id=row["api_key_id"],
+        access=access.value,
     )
     run_id: uuid.UUID = run["run_id"]
     return run_id
+
+
+async def _refuse(
+    conn: AsyncConnection, row: RowMapping, tick: datetime
+) -> authority.Refusal | None:
+    """Re-check the schedule's principal; a refused tick is recorded ``failed`` with why.
+
+    Nothing is done in the name of a suspended tenant or a revoked API key (nor are
+    earlier runs cancelled): the tick is used up, its fire row says why (``error``), and
+    ``treadle_schedule_fires_refused_total{cause}`` counts it.
+    """
+    refused = await authority.refusal(conn, row)
+    if refused is None:
+        return None
+    await sched_q.set_fire(
+        conn,
+        schedule_id=row["schedule_id"],
+        tick=tick,
+        outcome=FireOutcome.FAILED.value,
+        error=refused.detail,
+    )
+    metrics.SCHEDULE_FIRES_REFUSED.labels(refused.cause).inc()
+    return refused
 
 
 async def fire_tick(
@@ -577,17 +642,30 @@ async def fire_tick(
     )
     if not inserted:
         return None
-    metrics.SCHEDULE_FIRES.labels(row["workflow"], outcome.value).inc()
+    fire = await _fire_inserted(conn, submitter, row, tick, kind, fired_by, outcome, open_runs)
+    # Counted by what the tick finally did (a refused or failed start is "failed").
+    metrics.SCHEDULE_FIRES.labels(row["workflow"], fire.outcome.value).inc()
+    return fire
+
+
+async def _fire_inserted(
+    conn: AsyncConnection,
+    submitter: Submitter,
+    row: RowMapping,
+    tick: datetime,
+    kind: FireKind,
+    fired_by: str,
+    outcome: FireOutcome,
+    open_runs: list[uuid.UUID],
+) -> Fire:
+    schedule_id: uuid.UUID = row["schedule_id"]
+    policy = Overlap(row["overlap"])
     if outcome != FireOutcome.STARTED:
         return Fire(tick, outcome, None)
-    if await tenants_q.is_suspended(conn, row["tenant_id"]):
-        # Nothing is done in a suspended tenant's name: the tick is used up, recorded as
-        # failed with why, instead of starting a run that its first attempt would fail.
-        detail = f"tenant {row['tenant_id']!r} is suspended"
-        await sched_q.set_fire(
-            conn, schedule_id=schedule_id, tick=tick, outcome="failed", error=detail
-        )
-        return Fire(tick, FireOutcome.FAILED, None, detail)
+    # Before cancel_previous: a principal that may not act cancels nothing either.
+    refused = await _refuse(conn, row, tick)
+    if refused is not None:
+        return Fire(tick, FireOutcome.FAILED, None, refused.detail)
     if policy == Overlap.CANCEL_PREVIOUS:
         for run_id in open_runs:
             await control._cancel_in(
@@ -637,13 +715,18 @@ async def advance(
     if buffered is not None and not await sched_q.open_run_ids(conn, schedule_id):
         # The run that held the buffered tick back has finished: start it now, once
         # (only the pass that flips the fire row from "buffered" does).
-        if await sched_q.set_fire(
+        if not await sched_q.set_fire(
             conn,
             schedule_id=schedule_id,
             tick=buffered,
             outcome="started",
             only_if_outcome="buffered",
         ):
+            pass  # another pass started it
+        elif (refused := await _refuse(conn, row, buffered)) is not None:
+            last_error = refused.detail
+            result.failed += 1
+        else:
             try:
                 run_id = await _start_run(conn, submitter, row, buffered, FireKind.CRON)
                 await sched_q.set_fire(
@@ -723,6 +806,7 @@ async def trigger_now(
     tenant_id: str,
     schedule_id: uuid.UUID,
     actor: str,
+    owner: str | None = None,
     now: datetime | None = None,
 ) -> Fire:
     """Fire a schedule once now ("trigger now"), under its overlap policy.
@@ -730,13 +814,18 @@ async def trigger_now(
     The tick is the current time (kind ``manual``); the regular ticks are unaffected.
     Works on paused schedules too.
 
+    The run is started in the name of the schedule's creator (never the caller's), so
+    ``owner`` (the caller's subject, None for admins) must see the schedule: another
+    subject's owner-policy schedule is not found. The creator's principal is re-checked
+    as at every fire: a revoked key or suspended tenant records the fire ``failed``.
+
     Raises:
-        ScheduleNotFound: not this tenant's schedule (404).
+        ScheduleNotFound: not this tenant's schedule, or not visible to ``owner`` (404).
         InvalidState: the tick already fired (two triggers in the same microsecond) (409).
     """
 
     async def trigger_tx(conn: AsyncConnection) -> Fire:
-        row = await sched_q.get_schedule(conn, tenant_id, schedule_id, lock=True)
+        row = await sched_q.get_schedule(conn, tenant_id, schedule_id, lock=True, owner=owner)
         tick = now or await fetch_now(conn, db.dialect)
         fire = await fire_tick(
             conn,

@@ -35,13 +35,12 @@ from app.core.ids import is_tenant_id
 from app.core.status import RunReason
 from app.db.database import Database
 from app.db.queries import tenants as q
+from app.engine.authority import API_KEY_REVOKED_CAUSE, TENANT_SUSPENDED_CAUSE
 from app.engine.executor import Failed
 
 audit_log = structlog.get_logger("treadle.audit")
 
 MAX_REASON_CHARS = 1000
-TENANT_SUSPENDED_CAUSE = "tenant_suspended"
-API_KEY_REVOKED_CAUSE = "api_key_revoked"
 
 
 @dataclass(frozen=True, slots=True)

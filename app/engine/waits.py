@@ -19,7 +19,7 @@ from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
-from app.core.status import EventKind, RunReason, RunStatus, StepStatus
+from app.core.status import AccessPolicy, EventKind, RunReason, RunStatus, StepStatus
 from app.db.queries import approvals as approvals_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
@@ -496,7 +496,11 @@ async def child(
             idempotency_key=f"{ex.run_id}:{step_id}",
         )
         input_text, resolved = await ex.submitter.prepare(request)
-        access = await ex.submitter.access(workflow, resolved)
+        # A child is at least as private as its parent: an owner-policy parent's children
+        # are the owner's too, whatever their own definition says.
+        access = AccessPolicy.stricter(
+            ex.run["access"], await ex.submitter.access(workflow, resolved)
+        ).value
 
         async def create(conn: AsyncConnection) -> None:
             # Counted under the fence, in the transaction that creates the child.

@@ -32,7 +32,7 @@ from pydantic import BaseModel, TypeAdapter
 from sqlalchemy.ext.asyncio import AsyncSession
 
 from app.sdk.retry import RetryPolicy
-from app.sdk.workflow import WorkflowDefinition, _check_name
+from app.sdk.workflow import Access, WorkflowDefinition, _check_name, check_access
 
 if TYPE_CHECKING:
     from app.sdk.context import WorkflowContext
@@ -98,6 +98,7 @@ class Flow:
     version: str
     node: Node
     input_model: type[BaseModel]
+    access: Access = "tenant"
 
     def then(
         self,
@@ -126,9 +127,7 @@ class Flow:
                 an annotation is missing, or the name is taken in this DAG.
             ValueError: ``timeout`` is not positive.
         """
-        return _extend(
-            self.dag, self.version, self.input_model, [self], fn, name, transaction, retry, timeout
-        )
+        return _extend(self, [self], fn, name, transaction, retry, timeout)
 
     @property
     def definition(self) -> WorkflowDefinition[Any, Any]:
@@ -174,9 +173,7 @@ class Join:
         """
         first = self.branches[0]
         return _extend(
-            first.dag,
-            first.version,
-            first.input_model,
+            first,
             list(self.branches),
             fn,
             name,
@@ -195,6 +192,7 @@ def flow(
     transaction: bool = False,
     retry: RetryPolicy | None = None,
     timeout: float | None = None,
+    access: Access = "tenant",
 ) -> Flow:
     """Start a DAG workflow called ``name`` whose first node is ``fn(input)``.
 
@@ -207,6 +205,9 @@ def flow(
         transaction: run the root as a transactional step.
         retry: the root's retry policy.
         timeout: seconds per attempt.
+        access: who may see and act on the DAG's runs, as for ``@workflow``:
+            ``"tenant"`` (default) or ``"owner"`` (only the submitting subject). Every
+            node extending this root belongs to the same definition, so shares it.
 
     Returns:
         A handle on the root node; extend it with :meth:`Flow.then` or :func:`join`.
@@ -214,12 +215,14 @@ def flow(
     Raises:
         DagDefinitionError: the root's input is not a pydantic model, or an annotation is
             missing.
-        ValueError: the name or version is malformed, or ``timeout`` is not positive.
+        ValueError: the name, version or access is malformed, or ``timeout`` is not
+            positive.
     """
     _check_name(name)
     version_text = str(version)
     if not version_text or len(version_text) > 64:
         raise ValueError("workflow version must be 1..64 characters")
+    check_access(f"flow({name!r})", access)
     label = node_name or _fn_name(fn)
     params, returns = _signature(name, label, fn, transaction, timeout)
     if len(params) != 1:
@@ -234,7 +237,7 @@ def flow(
             f"a pydantic BaseModel (the workflow input), got {_show(ptype)}"
         )
     node = Node(label, fn, (), transaction, retry, timeout, returns)
-    return Flow(name, version_text, node, ptype)
+    return Flow(name, version_text, node, ptype, access)
 
 
 def join(*branches: Flow) -> Join:
@@ -243,7 +246,8 @@ def join(*branches: Flow) -> Join:
     Independent branches run in parallel (DESIGN §1b).
 
     Raises:
-        DagDefinitionError: fewer than two branches, or branches of different DAGs.
+        DagDefinitionError: fewer than two branches, or branches of different DAGs (or
+            of roots declaring different inputs or access).
     """
     if len(branches) < 2:
         raise DagDefinitionError("join() needs at least two branches")
@@ -257,6 +261,11 @@ def join(*branches: Flow) -> Join:
             raise DagDefinitionError(
                 f"DAG {first.dag!r}: joined branches take different inputs "
                 f"({first.input_model.__name__} and {b.input_model.__name__})"
+            )
+        if b.access != first.access:
+            raise DagDefinitionError(
+                f"DAG {first.dag!r}: joined branches declare different access "
+                f"({first.access!r} and {b.access!r})"
             )
     return Join(tuple(branches))
 
@@ -343,9 +352,7 @@ def _signature(
 
 
 def _extend(
-    dag: str,
-    version: str,
-    input_model: type[BaseModel],
+    first: Flow,
     parents: Sequence[Flow],
     fn: Callable[..., Any],
     name: str | None,
@@ -353,6 +360,7 @@ def _extend(
     retry: RetryPolicy | None,
     timeout: float | None,
 ) -> Flow:
+    dag = first.dag
     label = name or _fn_name(fn)
     params, returns = _signature(dag, label, fn, transaction, timeout)
     if len(params) != len(parents):
@@ -380,7 +388,7 @@ def _extend(
                 f"DAG {dag!r}: two different nodes are named {node_name!r}; pass name="
             )
     node = Node(label, fn, tuple(p.node for p in parents), transaction, retry, timeout, returns)
-    return Flow(dag, version, node, input_model)
+    return Flow(dag, first.version, node, first.input_model, first.access)
 
 
 def _show(tp: Any) -> str:
@@ -502,6 +510,7 @@ def _definition(end: Flow) -> WorkflowDefinition[Any, Any]:
         input_model=end.input_model,
         output_adapter=TypeAdapter(end.node.returns),
         kind="dag",
+        access=end.access,
     )
     _definitions[end.node] = definition
     return definition

@@ -42,7 +42,7 @@ from app.core.status import STATE_MACHINE_KIND, TRANSITION_STEP_PREFIX
 from app.sdk.errors import Permanent, StepFailed
 from app.sdk.queue import OnLimit, QueueControls, QueueControlsError, RateLimit
 from app.sdk.retry import RetryPolicy
-from app.sdk.workflow import WorkflowDefinition, _check_name
+from app.sdk.workflow import Access, WorkflowDefinition, _check_name
 
 if TYPE_CHECKING:
     from app.sdk.context import WorkflowContext
@@ -230,6 +230,7 @@ def state_machine(
     max_transitions: int = 64,
     concurrency: str = "parent",
     version: int | str = 1,
+    access: Access = "tenant",
     on_limit: OnLimit = "reject",
     concurrency_limit: int | None = None,
     rate_limit: RateLimit | None = None,
@@ -265,6 +266,8 @@ def state_machine(
         max_transitions: transitions per run, 1..256.
         concurrency: ``"parent"``, the only policy: one active run per parent.
         version: definition version.
+        access: who may see and act on its runs, as for ``@workflow``: ``"tenant"``
+            (default) or ``"owner"`` (only the submitting subject; others get 404).
         on_limit: a second run for a busy parent: ``"reject"`` (409) or ``"queue"`` (it
             starts when the active one ends, in submission order).
         concurrency_limit: at most this many runs executing at once across all workers.
@@ -282,6 +285,9 @@ def state_machine(
 
     def fail(field: str, message: str) -> StateMachineDefinitionError:
         return StateMachineDefinitionError(f"{label}: {field}: {message}")
+
+    if access not in ("tenant", "owner"):
+        raise fail("access", f"must be 'tenant' or 'owner', not {access!r}")
 
     try:
         queue = QueueControls(
@@ -304,7 +310,9 @@ def state_machine(
             compensation=compensation,
             fail=fail,
         )
-        definition = _definition(spec, advance, compensation, input_model, str(version), queue)
+        definition = _definition(
+            spec, advance, compensation, input_model, str(version), queue, access
+        )
         return StateMachineWorkflow(
             spec=spec, advance=advance, compensation=compensation, definition=definition
         )
@@ -424,6 +432,7 @@ def _definition(
     input_model: type[BaseModel],
     version: str,
     queue: QueueControls,
+    access: Access,
 ) -> WorkflowDefinition[Any, dict[str, Any]]:
     machine = spec.machine
     retry = RetryPolicy(max_attempts=spec.max_attempts, delay=1.0, max_delay=60.0)
@@ -507,6 +516,7 @@ def _definition(
         input_model=input_model,
         output_adapter=TypeAdapter(dict[str, Any]),
         kind=STATE_MACHINE_KIND,
+        access=access,
         states=spec.states(),
         queue=queue,
     )

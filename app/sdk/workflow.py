@@ -108,8 +108,7 @@ def workflow(
     version_text = str(version)
     if not version_text or len(version_text) > 64:
         raise ValueError("workflow version must be 1..64 characters")
-    if access not in ("tenant", "owner"):
-        raise ValueError(f"@workflow({name!r}): access must be 'tenant' or 'owner'")
+    check_access(f"@workflow({name!r})", access)
     try:
         queue = QueueControls(key_limit, on_limit, concurrency_limit, rate_limit)
     except QueueControlsError as exc:
@@ -139,6 +138,22 @@ def workflow(
         )
 
     return decorate
+
+
+def check_access(label: str, access: object) -> Access:
+    """Return ``access`` if it is an access policy every definition kind accepts.
+
+    ``"tenant"``: any subject of the run's tenant with the scope may see and act on it;
+    ``"owner"``: only the subject that submitted it (or the schedule or parent run that
+    started it acts for), others get 404; ``admin`` tokens excepted (docs/security.md).
+    The same option on ``@workflow``, ``flow`` (DAGs) and ``@state_machine``.
+
+    Raises:
+        ValueError: anything else, naming the definition (``label``).
+    """
+    if access == "tenant" or access == "owner":
+        return access
+    raise ValueError(f"{label}: access must be 'tenant' or 'owner', not {access!r}")
 
 
 def _check_name(name: str) -> None:

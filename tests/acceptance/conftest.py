@@ -146,6 +146,8 @@ def stack_env(database_url: str, tmp_path: Path) -> dict[str, str]:
     env.update(
         {
             "TREADLE_DATABASE_URL": database_url,
+            # Explicit: `treadle serve` on PostgreSQL refuses dev auth nobody chose.
+            "TREADLE_AUTH_MODE": "dev",
             "TREADLE_DEV_SECRET": DEV_SECRET,
             "TREADLE_DATA_DIR": str(tmp_path / "data"),
             "TREADLE_LEASE_TTL_SECONDS": "3",

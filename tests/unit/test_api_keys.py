@@ -1,4 +1,4 @@
-"""API key format, hashing and the dev-mode rule of ``treadle dev`` / ``treadle token``."""
+"""API key format, hashing and the dev-mode rule of ``treadle dev`` / ``token`` / ``serve``."""
 
 from __future__ import annotations
 
@@ -8,9 +8,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
+from app.api.app import create_app
 from app.auth import api_keys
 from app.cli.main import app
-from app.core.errors import InvalidInput
+from app.core.errors import AuthModeRequired, InvalidInput
+from app.core.settings import AuthMode, Settings
 from app.engine.api_keys import parse_scopes
 from tests.conftest import DEV_SECRET
 
@@ -86,3 +88,20 @@ def test_dev_tokens_on_sqlite_need_nothing(tmp_path: Path) -> None:
     done = CliRunner().invoke(app, ["token"], env=_env(tmp_path, url, None))
     assert done.exit_code == 0, done.output
     assert "WARNING" not in done.output
+
+
+def test_serve_and_create_app_refuse_dev_auth_nobody_chose(tmp_path: Path) -> None:
+    pg = "postgresql+asyncpg://treadle:hunter2@db.internal/treadle"
+    refused = CliRunner().invoke(app, ["serve"], env=_env(tmp_path, pg, None))
+    assert refused.exit_code == 2, refused.output
+    assert "refusing `treadle serve`" in refused.output
+    assert "TREADLE_AUTH_MODE" in refused.output and "hunter2" not in refused.output
+    with pytest.raises(AuthModeRequired, match="TREADLE_AUTH_MODE"):
+        create_app(Settings(database_url=pg, dev_secret=DEV_SECRET), check_schema_on_start=False)
+    # Chosen explicitly, or on the embedded SQLite database, dev auth is allowed.
+    for settings in (
+        Settings(database_url=pg, dev_secret=DEV_SECRET, auth_mode=AuthMode.DEV),
+        Settings(database_url=f"sqlite+aiosqlite:///{tmp_path / 'x.db'}", dev_secret=DEV_SECRET),
+    ):
+        assert settings.dev_auth_refusal() is None
+        create_app(settings, check_schema_on_start=False)

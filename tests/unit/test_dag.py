@@ -197,3 +197,15 @@ def test_module_registers_only_each_dag_end() -> None:
 )
 def test_assignable(source: Any, target: Any, ok: bool) -> None:
     assert _assignable(source, target) is ok
+
+
+def test_access_is_declared_on_the_root_and_kept_by_every_node() -> None:
+    assert flow("d-plain", start).then(double).definition.access == "tenant"
+    root = flow("d-owned", start, access="owner")
+    end = join(root.then(double), root.then(double, name="again")).then(add)
+    assert end.definition.access == "owner"
+    with pytest.raises(ValueError, match="access must be 'tenant' or 'owner'"):
+        flow("d-bad", start, access="public")  # type: ignore[arg-type]
+    other = flow("d-owned", start, node_name="start2")
+    with pytest.raises(DagDefinitionError, match="different access"):
+        join(root, other)

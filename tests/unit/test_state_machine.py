@@ -235,3 +235,11 @@ def test_document_flow_manifest() -> None:
     assert spec.initial is document_example.Queued
     assert spec.terminal == {"Completed", "Cancelled"}
     assert spec.timers == {"Waiting": 60.0}
+
+
+def test_access_is_declared_like_a_workflows() -> None:
+    assert declare().definition.access == "tenant"
+    assert declare(access="owner").definition.access == "owner"
+    with pytest.raises(StateMachineDefinitionError) as info:
+        declare(access="public")
+    assert str(info.value) == P + "access: must be 'tenant' or 'owner', not 'public'"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
 from datetime import datetime
 from typing import Annotated, Any
 
@@ -19,6 +20,7 @@ from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
 from app.core import json
 from app.core.errors import BadRequest, ScheduleNotFound
 from app.db.queries import schedules as sched_q
+from app.engine import authority
 from app.engine import schedules as engine
 
 router = APIRouter(prefix="/schedules", tags=["schedules"])
@@ -36,8 +38,27 @@ def parse_schedule_id(schedule_id: str) -> uuid.UUID:
         raise ScheduleNotFound(f"schedule {schedule_id[:100]!r} not found") from None
 
 
-def schedule_view(row: RowMapping, upcoming: int = 1) -> ss.Schedule:
-    """Build a :class:`ss.Schedule` from a ``schedules`` row with its next ``upcoming`` ticks."""
+async def schedule_views(
+    conn: AsyncConnection, rows: Sequence[RowMapping], upcoming: int = 1
+) -> list[ss.Schedule]:
+    """Views of ``rows``, each with whether its principal may still act (two reads in all)."""
+    refused = await authority.refusals(conn, rows)
+    return [schedule_view(r, upcoming, refused.get(r["schedule_id"])) for r in rows]
+
+
+async def one_view(db: DB, row: RowMapping, upcoming: int = 5) -> ss.Schedule:
+    """The view of one schedule just written (its principal re-read after the write)."""
+    async with db.read() as conn:
+        return (await schedule_views(conn, [row], upcoming))[0]
+
+
+def schedule_view(
+    row: RowMapping, upcoming: int = 1, refused: authority.Refusal | None = None
+) -> ss.Schedule:
+    """Build a :class:`ss.Schedule` from a ``schedules`` row with its next ``upcoming`` ticks.
+
+    ``refused``: why its principal may not act now (``blocked_reason``), or None.
+    """
     return ss.Schedule(
         schedule_id=row["schedule_id"],
         name=row["name"],
@@ -60,6 +81,8 @@ def schedule_view(row: RowMapping, upcoming: int = 1) -> ss.Schedule:
         missed_count=row["missed_count"],
         skipped_count=row["skipped_count"],
         last_error=row["last_error"],
+        blocked_reason=None if refused is None else refused.detail,
+        access=row["access"],
         created_by=row["created_by"],
         created_at=row["created_at"],
         updated_at=row["updated_at"],
@@ -96,8 +119,13 @@ async def create_schedule(
     """Create a cron (``cron`` + ``timezone``) or one-off (``at``) schedule.
 
     The workflow and input are checked now as for ``POST /runs`` (404 unknown workflow,
-    422 input invalid for its schema). Runs are created as the caller. Errors: 422 bad
-    cron expression, unknown time zone, both or neither of ``cron``/``at``, ``at`` in the
+    422 input invalid for its schema). The schedule acts for the caller: its runs are
+    created as the caller's subject, carry the caller's API key (if one was used) and are
+    re-checked like submitted runs, so once the key is revoked (or the tenant suspended)
+    its ticks start nothing and are recorded ``failed`` with the cause
+    (``blocked_reason`` says so). A schedule of an ``owner``-policy workflow is the
+    caller's alone: for other subjects it does not exist (404). Errors: 422 bad cron
+    expression, unknown time zone, both or neither of ``cron``/``at``, ``at`` in the
     past; 409 the name is taken.
     """
     spec = engine.ScheduleSpec(
@@ -114,10 +142,15 @@ async def create_schedule(
         paused=body.paused,
     )
     row = await engine.create_schedule(
-        db, submitter, spec, tenant_id=principal.tenant_id, subject=principal.subject
+        db,
+        submitter,
+        spec,
+        tenant_id=principal.tenant_id,
+        subject=principal.subject,
+        api_key_id=principal.api_key_id,
     )
     response.headers["Location"] = f"/schedules/{row['schedule_id']}"
-    return schedule_view(row, 5)
+    return await one_view(db, row)
 
 
 @router.get("", operation_id="list_schedules", response_model=ss.SchedulePage, responses=_PROBLEMS)
@@ -129,7 +162,10 @@ async def list_schedules(
     page_token: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
 ) -> ss.SchedulePage:
-    """The tenant's schedules, newest first, each with its next fire time."""
+    """The tenant's schedules, newest first, each with its next fire time.
+
+    Schedules of ``owner``-policy workflows appear only to their creator (and ``admin``).
+    """
     filters = {"workflow": workflow, "state": state}
     before = None
     if page_token:
@@ -146,13 +182,15 @@ async def list_schedules(
             state=state,
             before_id=before,
             limit=limit + 1,
+            owner=principal.owner_filter,
         )
+        items = await schedule_views(conn, rows[:limit])
     token = None
     if len(rows) > limit:
         token = encode_token(
             principal.tenant_id, "schedules", filters, str(rows[limit - 1]["schedule_id"])
         )
-    return ss.SchedulePage(items=[schedule_view(r) for r in rows[:limit]], next_page_token=token)
+    return ss.SchedulePage(items=items, next_page_token=token)
 
 
 @router.get(
@@ -167,10 +205,19 @@ async def get_schedule(
     db: DB,
     next: Annotated[int, Query(ge=0, le=100, description="How many upcoming ticks")] = 5,
 ) -> ss.Schedule:
-    """One schedule with its next ``next`` fire times (tick and jittered fire time)."""
+    """One schedule with its next ``next`` fire times (tick and jittered fire time).
+
+    ``blocked_reason`` is set while the principal it acts for may not act (API key
+    revoked, tenant suspended): its ticks are then recorded ``failed`` and start nothing.
+    """
     async with db.read() as conn:
-        row = await sched_q.get_schedule(conn, principal.tenant_id, parse_schedule_id(schedule_id))
-    return schedule_view(row, next)
+        row = await sched_q.get_schedule(
+            conn,
+            principal.tenant_id,
+            parse_schedule_id(schedule_id),
+            owner=principal.owner_filter,
+        )
+        return (await schedule_views(conn, [row], next))[0]
 
 
 @router.patch(
@@ -189,7 +236,10 @@ async def update_schedule(
     """Change a schedule; only the fields given change (``null`` version = latest).
 
     Setting ``cron`` clears ``at`` and vice versa; a timing change recomputes the next
-    tick from now. The workflow and input are re-checked as on create.
+    tick from now. The workflow and input are re-checked as on create. The schedule
+    keeps acting for its creator; 403 when the change would point another subject's
+    schedule at an ``owner``-policy workflow, 404 for another subject's owner-policy
+    schedule.
     """
     changes = body.model_dump(exclude_unset=True)
     if "version" in changes and changes["version"] is not None:
@@ -205,8 +255,9 @@ async def update_schedule(
         tenant_id=principal.tenant_id,
         schedule_id=parse_schedule_id(schedule_id),
         changes=changes,
+        owner=principal.owner_filter,
     )
-    return schedule_view(row, 5)
+    return await one_view(db, row)
 
 
 @router.delete(
@@ -221,7 +272,7 @@ async def delete_schedule(schedule_id: str, principal: RunsWrite, db: DB) -> Res
     sid = parse_schedule_id(schedule_id)
 
     async def delete(conn: AsyncConnection) -> None:
-        await sched_q.delete_schedule(conn, principal.tenant_id, sid)
+        await sched_q.delete_schedule(conn, principal.tenant_id, sid, owner=principal.owner_filter)
 
     await db.write_retrying(delete, what="delete schedule")
     return Response(status_code=204)
@@ -236,9 +287,13 @@ async def delete_schedule(schedule_id: str, principal: RunsWrite, db: DB) -> Res
 async def pause_schedule(schedule_id: str, principal: RunsWrite, db: DB) -> ss.Schedule:
     """Stop firing (idempotent). 409 for a completed one-off."""
     row = await engine.set_paused(
-        db, tenant_id=principal.tenant_id, schedule_id=parse_schedule_id(schedule_id), paused=True
+        db,
+        tenant_id=principal.tenant_id,
+        schedule_id=parse_schedule_id(schedule_id),
+        paused=True,
+        owner=principal.owner_filter,
     )
-    return schedule_view(row, 5)
+    return await one_view(db, row)
 
 
 @router.post(
@@ -257,8 +312,9 @@ async def resume_schedule(schedule_id: str, principal: RunsWrite, db: DB) -> ss.
         tenant_id=principal.tenant_id,
         schedule_id=parse_schedule_id(schedule_id),
         paused=False,
+        owner=principal.owner_filter,
     )
-    return schedule_view(row, 5)
+    return await one_view(db, row)
 
 
 @router.post(
@@ -277,7 +333,10 @@ async def trigger_schedule(
     """Fire the schedule once now ("trigger now"), under its overlap policy.
 
     Returns the fire: ``started`` with its ``run_id``, or ``skipped`` / ``buffered`` when
-    an earlier run is still open and the policy says so. Works on paused schedules.
+    an earlier run is still open and the policy says so, or ``failed`` with ``error``
+    (e.g. ``api_key_revoked: …``). Works on paused schedules. The run is created in the
+    name of the schedule's creator, never the caller's; another subject's owner-policy
+    schedule is not found (404).
     """
     fire = await engine.trigger_now(
         db,
@@ -285,6 +344,7 @@ async def trigger_schedule(
         tenant_id=principal.tenant_id,
         schedule_id=parse_schedule_id(schedule_id),
         actor=principal.subject,
+        owner=principal.owner_filter,
     )
     if fire.run_id is not None:
         wake_workers(request)
@@ -319,7 +379,7 @@ async def list_schedule_fires(
         if before.tzinfo is None:
             raise BadRequest("page_token is malformed")
     async with db.read() as conn:
-        await sched_q.get_schedule(conn, principal.tenant_id, sid)
+        await sched_q.get_schedule(conn, principal.tenant_id, sid, owner=principal.owner_filter)
         rows = await sched_q.list_fires(conn, sid, before_tick=before, limit=limit + 1)
     token = None
     if len(rows) > limit:

@@ -92,6 +92,24 @@ async def touch(conn: AsyncConnection, key_id: uuid.UUID, *, min_interval: float
     )
 
 
+async def revoked_among(
+    conn: AsyncConnection, key_ids: Sequence[uuid.UUID]
+) -> frozenset[uuid.UUID]:
+    """Which of ``key_ids`` are revoked or gone (one indexed read, any tenant).
+
+    Used where work is started for a principal outside a request: each schedule fire
+    re-checks the key its schedule was created with (app/engine/authority.py).
+    """
+    wanted = set(key_ids)
+    if not wanted:
+        return frozenset()
+    stmt = select(api_keys.c.key_id).where(
+        api_keys.c.key_id.in_(list(wanted)), api_keys.c.revoked_at.is_(None)
+    )
+    live = set((await conn.execute(stmt)).scalars().all())
+    return frozenset(wanted - live)
+
+
 def run_api_key_revoked() -> ColumnElement[bool]:
     """SQL: was the ``runs`` row's submitting key revoked (or is it gone)? False without one.
 

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, delete, func, select, update
+from sqlalchemy import RowMapping, delete, func, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -50,16 +50,39 @@ async def insert_schedule(conn: AsyncConnection, values: dict[str, Any]) -> RowM
     return row
 
 
+def visible_to(owner: str | None) -> Any:
+    """SQL condition: the schedule's access policy lets ``owner`` see and change it.
+
+    An ``access='owner'`` schedule (its workflow is owner-policy) belongs to the subject
+    that created it, whose name its runs are started in; None (the scheduler, admins)
+    ignores the policy. The rule of runs (app/db/queries/runs.py ``visible_to``).
+    """
+    if owner is None:
+        return true()
+    return or_(schedules.c.access == "tenant", schedules.c.created_by == owner)
+
+
 async def get_schedule(
-    conn: AsyncConnection, tenant_id: str, schedule_id: uuid.UUID, *, lock: bool = False
+    conn: AsyncConnection,
+    tenant_id: str,
+    schedule_id: uuid.UUID,
+    *,
+    lock: bool = False,
+    owner: str | None = None,
 ) -> RowMapping:
     """Return one schedule of this tenant (``lock``: ``FOR UPDATE`` on PostgreSQL).
 
+    ``owner``: the caller's subject (None for admins): another subject's owner-policy
+    schedule is not found.
+
     Raises:
-        ScheduleNotFound: no such schedule *for this tenant* (another tenant's id too).
+        ScheduleNotFound: no such schedule *for this tenant* (another tenant's id, or
+            another subject's owner-policy schedule, too: the same 404).
     """
     stmt = select(schedules).where(
-        schedules.c.schedule_id == schedule_id, schedules.c.tenant_id == tenant_id
+        schedules.c.schedule_id == schedule_id,
+        schedules.c.tenant_id == tenant_id,
+        visible_to(owner),
     )
     if lock and conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update()
@@ -77,9 +100,10 @@ async def list_schedules(
     state: str | None,
     before_id: uuid.UUID | None,
     limit: int,
+    owner: str | None = None,
 ) -> Sequence[RowMapping]:
-    """A tenant's schedules, newest first, keyset-paginated on the UUIDv7 id."""
-    stmt = select(schedules).where(schedules.c.tenant_id == tenant_id)
+    """A tenant's schedules visible to ``owner``, newest first, keyset on the UUIDv7 id."""
+    stmt = select(schedules).where(schedules.c.tenant_id == tenant_id, visible_to(owner))
     if workflow is not None:
         stmt = stmt.where(schedules.c.workflow == workflow)
     if state is not None:
@@ -115,15 +139,19 @@ async def update_schedule(
         raise
 
 
-async def delete_schedule(conn: AsyncConnection, tenant_id: str, schedule_id: uuid.UUID) -> None:
+async def delete_schedule(
+    conn: AsyncConnection, tenant_id: str, schedule_id: uuid.UUID, *, owner: str | None = None
+) -> None:
     """Delete a schedule and its fire records (runs it started are kept).
 
     Raises:
-        ScheduleNotFound: not this tenant's schedule.
+        ScheduleNotFound: not this tenant's schedule (or not visible to ``owner``).
     """
     result = await conn.execute(
         delete(schedules).where(
-            schedules.c.schedule_id == schedule_id, schedules.c.tenant_id == tenant_id
+            schedules.c.schedule_id == schedule_id,
+            schedules.c.tenant_id == tenant_id,
+            visible_to(owner),
         )
     )
     if result.rowcount == 0:

@@ -90,6 +90,16 @@ async def is_suspended(conn: AsyncConnection, tenant_id: str) -> bool:
     return (await conn.execute(stmt)).scalar() == SUSPENDED
 
 
+async def suspended_among(conn: AsyncConnection, tenant_ids: Sequence[str]) -> frozenset[str]:
+    """Which of ``tenant_ids`` are suspended now (primary-key reads)."""
+    if not tenant_ids:
+        return frozenset()
+    stmt = select(tenants.c.tenant_id).where(
+        tenants.c.tenant_id.in_(sorted(set(tenant_ids))), tenants.c.status == SUSPENDED
+    )
+    return frozenset((await conn.execute(stmt)).scalars().all())
+
+
 async def suspended_ids(conn: AsyncConnection) -> frozenset[str]:
     """Every suspended tenant's id: what an API process caches (few rows, by design)."""
     stmt = select(tenants.c.tenant_id).where(tenants.c.status == SUSPENDED)

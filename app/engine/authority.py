@@ -1,0 +1,84 @@
+"""Whom work started outside a request acts for, and whether that principal may still act.
+
+A run submitted over HTTP carries its principal: ``created_by`` (the subject),
+``api_key_id`` (the API key, None for a JWT) and ``access`` (its definition's policy),
+and each worker attempt re-checks it in the claim (app/db/queries/runs.py). Work started
+later in the same principal's name must carry the same three and pass the same checks,
+whatever starts it (docs/security.md, docs/adr/0010-principal-on-every-path.md):
+
+- a schedule records its creator's principal; each fire re-checks it
+  (:func:`refusals`) and records a refused tick as ``failed`` with the cause, instead
+  of starting a run its first attempt would fail; the runs it does start carry the
+  principal, so a key revoked afterwards fails them at their next attempt;
+- a child run carries its parent's principal, and is at least as private as its parent
+  (:meth:`app.core.status.AccessPolicy.stricter`);
+- requeue, retry and resume keep the run's own principal (they change no column of it).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.db.queries import api_keys as api_keys_q
+from app.db.queries import tenants as tenants_q
+
+# The causes a refused attempt or fire names (the worker's re-check uses the same words,
+# app/engine/tenants.py ``attempt_refusal``).
+TENANT_SUSPENDED_CAUSE = "tenant_suspended"
+API_KEY_REVOKED_CAUSE = "api_key_revoked"
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """Why a principal may not act now.
+
+    Attributes:
+        cause: ``tenant_suspended`` or ``api_key_revoked`` (stable, a metric label).
+        detail: a sentence for people (names the tenant, never an operator's reason).
+    """
+
+    cause: str
+    detail: str
+
+
+async def refusals(
+    conn: AsyncConnection, principals: Iterable[Mapping[Any, Any]]
+) -> dict[Any, Refusal]:
+    """Re-check principals carried by rows (schedules): two reads for any number of rows.
+
+    Args:
+        conn: any connection.
+        principals: rows with ``schedule_id`` (the key of the result), ``tenant_id``
+            and ``api_key_id`` (None when created with a JWT).
+
+    Returns:
+        ``{schedule_id: Refusal}`` for the rows whose principal may not act: its tenant
+        is suspended (checked first, as the claim does) or its API key is revoked or
+        gone. Rows that may act are absent.
+    """
+    rows = list(principals)
+    suspended = await tenants_q.suspended_among(conn, [r["tenant_id"] for r in rows])
+    key_ids: list[uuid.UUID] = [r["api_key_id"] for r in rows if r["api_key_id"] is not None]
+    revoked = await api_keys_q.revoked_among(conn, key_ids)
+    found: dict[Any, Refusal] = {}
+    for row in rows:
+        if row["tenant_id"] in suspended:
+            found[row["schedule_id"]] = Refusal(
+                TENANT_SUSPENDED_CAUSE, f"tenant {row['tenant_id']!r} is suspended"
+            )
+        elif row["api_key_id"] is not None and row["api_key_id"] in revoked:
+            found[row["schedule_id"]] = Refusal(
+                API_KEY_REVOKED_CAUSE,
+                f"the API key {row['created_by']} that created this schedule was revoked",
+            )
+    return found
+
+
+async def refusal(conn: AsyncConnection, row: Mapping[Any, Any]) -> Refusal | None:
+    """:func:`refusals` for one row: the refusal, or None when its principal may act."""
+    return (await refusals(conn, [row])).get(row["schedule_id"])
