@@ -40,7 +40,10 @@ class TreadleAPIError(TreadleError):
         title: str = "",
         problem: dict[str, Any] | None = None,
     ) -> None:
-        super().__init__(detail, **(problem or {}))
+        super().__init__(detail)
+        # The problem's members (``data`` of TreadleError): its own name-clashing keys
+        # (``detail``, ``status``) must not become keyword arguments.
+        self.data = dict(problem or {})
         self.code = code
         self.status = status
         self.title = title

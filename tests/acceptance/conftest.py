@@ -25,16 +25,23 @@ from tests.helpers import wait_for_sync
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(env: dict[str, str], *args: str) -> str:
-    """Run ``treadle <args>`` in a subprocess with ``env``; assert exit 0; return stdout."""
-    done = subprocess.run(
+def cli_run(
+    env: dict[str, str], *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``treadle <args>`` in a subprocess with ``env``; return it whatever its exit code."""
+    return subprocess.run(
         [sys.executable, "-m", "app.cli.main", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
+
+
+def cli(env: dict[str, str], *args: str) -> str:
+    """Run ``treadle <args>`` in a subprocess with ``env``; assert exit 0; return stdout."""
+    done = cli_run(env, *args)
     assert done.returncode == 0, done.stderr + done.stdout
     return done.stdout
 
@@ -91,7 +98,7 @@ class Stack:
             except httpx.HTTPError:
                 return False
 
-        wait_for_sync(ready, timeout=30, what="API ready")
+        wait_for_sync(ready, timeout=90, what="API ready")  # slow under load
 
     def start_worker(
         self,
@@ -115,7 +122,7 @@ class Stack:
             live = {w for wf in items for v in wf["versions"] for w in v["live_workers"]}
             return any(f":{proc.pid}:" in w for w in live)
 
-        wait_for_sync(registered, timeout=30, what=f"worker {proc.pid} registered")
+        wait_for_sync(registered, timeout=90, what=f"worker {proc.pid} registered")
         return proc
 
     def client(self, tok: str | None = None) -> httpx.Client:
