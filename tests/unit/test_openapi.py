@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import difflib
 import json
-from pathlib import Path
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -123,7 +123,7 @@ def test_each_operation_has_one_answer_type_for_generators() -> None:
     assert path == "/runs/{run_id}/report.txt"
     assert list(op["responses"]["200"]["content"]) == ["text/plain"]
     _, _, report = OPERATIONS["get_run_report"]
-    assert list(report["responses"]["200"]["content"])[0] == "application/json"
+    assert next(iter(report["responses"]["200"]["content"])) == "application/json"
     assert "format" not in {p["name"] for p in report.get("parameters", [])}
 
 
