@@ -141,6 +141,9 @@ def print_json(data: Any) -> None:
 def _cell(value: Any) -> str:
     if value is None:
         return ""
+    if isinstance(value, dict) and "traceback" in value:
+        # A run's error in a table: type and message; `-o json` (or the report) has it all.
+        value = {k: v for k, v in value.items() if k != "traceback"}
     if isinstance(value, dict | list):
         return stdjson.dumps(value, ensure_ascii=False, separators=(",", ":"))
     return str(value)

@@ -133,13 +133,15 @@ def test_list_paging_flags(stack: Stack) -> None:
 
 def test_error_answers_and_unreachable_servers_are_one_line(stack: Stack) -> None:
     env = _env(stack)
-    # Quoted ids: "a/b" reaches the run route (run_not_found), not another route.
-    for hostile in ("a/b", "x?wait=1", "../dead-letters"):
+    # Quoted ids: "?" and "#" stay in the id, which reaches the run route (run_not_found).
+    for hostile in ("x?wait=1", "y#z", "é ü"):
         done = cli_run(env, "runs", "get", hostile)
         assert done.returncode == 1
         assert "404 run_not_found" in _one_line_error(done), hostile
-    sig = cli_run(env, "runs", "signal", "no/such", "go")
+    sig = cli_run(env, "runs", "signal", "no?such", "go")
     assert sig.returncode == 1 and "run_not_found" in _one_line_error(sig)
+    slashed = cli_run(env, "runs", "get", "../dead-letters")
+    assert slashed.returncode == 1 and "404" in _one_line_error(slashed)
     unknown = cli_run(env, "runs", "start", "no-such-workflow")
     assert unknown.returncode == 1 and "workflow_not_found" in _one_line_error(unknown)
     refused = cli_run({**env, "TREADLE_TOKEN": "garbage"}, "runs", "list")

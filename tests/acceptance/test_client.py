@@ -132,12 +132,18 @@ def test_errors_are_one_type_with_the_problem_members(stack: Stack) -> None:
         assert (err.status, err.code, err.title) == (404, "run_not_found", "Not Found")
         assert "not found" in err.detail
 
-        # Ids are path segments: "/", "?", "#" and "%" cannot reach another route or
-        # turn into a query; the run route itself answers run_not_found.
-        for hostile in ("a/b", "x?wait=5", "y#frag", "../dead-letters", "%2F", "é ü"):
+        # Ids are one path segment: "?", "#", "%" and spaces cannot turn into a query,
+        # a fragment or another id; the run route itself answers run_not_found.
+        for hostile in ("x?wait=5", "y#frag", "%2F", "é ü", "..", "a;b"):
             with pytest.raises(TreadleAPIError) as quoted:
                 api.result(hostile)
             assert (quoted.value.status, quoted.value.code) == (404, "run_not_found"), hostile
+        # A "/" is quoted too, but the server decodes %2F before routing: no run route
+        # matches, and the answer is a plain 404 (never another route's answer).
+        for hostile in ("a/b", "../dead-letters"):
+            with pytest.raises(TreadleAPIError) as slashed:
+                api.result(hostile)
+            assert slashed.value.status == 404, hostile
 
         with pytest.raises(TreadleAPIError) as unknown:
             api.submit("no-such-workflow", {})
@@ -175,6 +181,6 @@ async def test_async_client_core(stack: Stack) -> None:
         letters = [d.run_id async for d in api.dead_letters_all(page_size=1)]
         assert run_id in letters
         with pytest.raises(TreadleAPIError) as missing:
-            await api.cancel("a/b")
+            await api.cancel("x?y#z")
         assert missing.value.code == "run_not_found"
         assert [w.name for w in (await api.workflows()).items if w.name == "acc-echo"]
