@@ -94,7 +94,7 @@ class Stack:
             if self.api.poll() is not None:
                 raise AssertionError(f"API exited: {self.logs[-1].read_text()[-3000:]}")
             try:
-                return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
+                return httpx.get(self.url + "/readyz", timeout=10).status_code == 200
             except httpx.HTTPError:
                 return False
 
@@ -171,8 +171,8 @@ def stack_env(database_url: str, tmp_path: Path) -> dict[str, str]:
 def stack(database_url: str, tmp_path: Path, stack_env: dict[str, str]) -> Iterator[Stack]:
     """A running API (no workers yet) on this test's database."""
     s = Stack(database_url=database_url, tmp=tmp_path, env=stack_env)
-    s.start_api()
     try:
+        s.start_api()  # inside the try: an API that never got ready is stopped too
         yield s
     finally:
         s.stop()

@@ -134,7 +134,7 @@ def test_errors_are_one_type_with_the_problem_members(stack: Stack) -> None:
 
         # Ids are one path segment: "?", "#", "%" and spaces cannot turn into a query,
         # a fragment or another id; the run route itself answers run_not_found.
-        for hostile in ("x?wait=5", "y#frag", "%2F", "é ü", "..", "a;b"):
+        for hostile in ("x?wait=5", "y#frag", "%2F", "é ü", "a;b", "..."):
             with pytest.raises(TreadleAPIError) as quoted:
                 api.result(hostile)
             assert (quoted.value.status, quoted.value.code) == (404, "run_not_found"), hostile
