@@ -94,6 +94,7 @@ def test_execute_result_and_exit_codes(stack: Stack) -> None:
 
 
 def test_list_paging_flags(stack: Stack) -> None:
+    stack.start_worker()  # registers acc-echo (submitting needs a registered workflow)
     env = _env(stack)
     ids = []
     for i in range(5):
