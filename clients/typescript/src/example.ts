@@ -18,7 +18,7 @@ const result = await execute(client, { workflow, input });
 const report = await reportText(client, result.run_id);
 let missing = "";
 try {
-  await reportText(client, "no/such run");
+  await reportText(client, "no such run?#");  // one quoted path segment: 404 run_not_found
 } catch (err) {
   if (!(err instanceof TreadleError)) throw err;
   missing = err.code;
