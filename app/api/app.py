@@ -228,6 +228,14 @@ def create_app(
         ),
         lifespan=lifespan,
         default_response_class=AsciiJSONResponse,
+        license_info={"name": "Apache-2.0", "identifier": "Apache-2.0"},
+        servers=[
+            {
+                "url": "http://127.0.0.1:8000",
+                "description": "`treadle dev` / `treadle serve` on their default port; "
+                "point clients at your deployment's URL",
+            }
+        ],
     )
     app.state.settings = settings
     app.state.db = database
@@ -264,7 +272,10 @@ def create_app(
 
     def openapi() -> dict[str, Any]:
         if app.openapi_schema is None:
-            app.openapi_schema = problems.problem_media_type(generate())
+            schema = problems.problem_media_type(generate())
+            # Every operation needs the bearer token unless it says `security: []`.
+            schema["security"] = [{name: []} for name in schema["components"]["securitySchemes"]]
+            app.openapi_schema = schema
         return app.openapi_schema
 
     app.openapi = openapi  # type: ignore[method-assign]

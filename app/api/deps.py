@@ -27,6 +27,11 @@ _bearer = HTTPBearer(
 )
 audit_log = structlog.get_logger("treadle.audit")
 
+PUBLIC: dict[str, Any] = {"security": []}
+"""``openapi_extra`` of the routes that take no token (probes, metrics): an empty
+``security`` overrides the document-wide bearer requirement (OpenAPI 3.1, Operation
+Object ``security``)."""
+
 
 # The state getters are ``async def`` on purpose: FastAPI runs a plain ``def`` dependency
 # in a worker thread, a thread hop per request for a dictionary lookup.

@@ -48,12 +48,16 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
     403: _problem_doc("Missing scope, or the tenant is suspended (code tenant_suspended)"),
     404: _problem_doc("Not found (for this tenant)"),
     422: _problem_doc("Invalid request"),
+    431: _problem_doc("Request headers over TREADLE_MAX_HEADER_BYTES"),
     503: _problem_doc(
         "Database unavailable, busy, timed out or conflicting, schema not at head, or the "
         "identity provider's keys cannot be loaded; retry after Retry-After"
     ),
 }
 """OpenAPI ``responses=`` shared by every authenticated route."""
+
+HEADERS_TOO_LARGE: dict[int | str, dict[str, Any]] = {431: PROBLEM_RESPONSES[431]}
+"""The one problem any route answers, probes included (``BodyLimit`` in app.api.app)."""
 
 
 def problem_media_type(schema: dict[str, Any]) -> dict[str, Any]:
@@ -66,8 +70,12 @@ def problem_media_type(schema: dict[str, Any]) -> dict[str, Any]:
         for op in item.values():
             for status, response in op.get("responses", {}).items():
                 content = response.get("content", {})
-                if str(status)[0] in "45" and "application/json" in content:
-                    response["content"] = {PROBLEM_JSON: content["application/json"]}
+                if str(status)[0] not in "45" or not content:
+                    continue
+                # A route with a text response class documents its errors as text/plain
+                # too: whatever the media type FastAPI chose, errors are problems.
+                body = content.get("application/json") or next(iter(content.values()))
+                response["content"] = {PROBLEM_JSON: body}
     return schema
 
 

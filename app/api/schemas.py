@@ -134,8 +134,8 @@ class Run(BaseModel):
     status: str
     reason: str | None
     input: Any
-    output: Any | None
-    error: Any | None
+    output: Any
+    error: Any
     idempotency_key: str | None
     concurrency_key: str | None
     concurrency_slot: int | None = Field(
@@ -212,8 +212,9 @@ class RunResult(BaseModel):
     done: bool
     status: str
     reason: str | None
-    output: Any | None
-    error: Any | None
+    # Defaults, so that examples stay valid: FastAPI drops null members from the spec.
+    output: Any = Field(default=None, description="The workflow's result once completed.")
+    error: Any = Field(default=None, description="Why it failed (type, message), else null.")
 
 
 class Step(BaseModel):
@@ -233,11 +234,11 @@ class Step(BaseModel):
     )
     attempt: int
     max_attempts: int
-    output: Any | None
-    error: Any | None
+    output: Any
+    error: Any
     next_attempt_at: datetime | None
     deadline: datetime | None = Field(description="When a wait times out or a timer fires.")
-    detail: Any | None = Field(description="A wait's settings (approval group, payload, …).")
+    detail: Any = Field(description="A wait's settings (approval group, payload, …).")
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
@@ -259,7 +260,7 @@ class Event(BaseModel):
     kind: str
     step_id: str | None
     actor: str | None
-    data: Any | None
+    data: Any
 
 
 class EventPage(BaseModel):
@@ -276,7 +277,7 @@ class DeadLetter(BaseModel):
     run_id: uuid.UUID
     workflow: str
     reason: str
-    error: Any | None
+    error: Any
     status: str
     created_at: datetime
     requeued_at: datetime | None
@@ -654,10 +655,3 @@ class MaintenanceReport(BaseModel):
     started_at: datetime
     duration_seconds: float
     tiers: list[MaintenanceTierReport]
-
-
-class ReportFormat(StrEnum):
-    """``format`` of ``GET /runs/{run_id}/report``."""
-
-    JSON = "json"
-    TEXT = "text"

@@ -26,7 +26,8 @@ def check(
         typer.Argument(help="Modules to check, dotted (examples.orders) or as .py paths."),
     ],
     output: Annotated[
-        OutputFormat, typer.Option("--format", help="text (path:line:col: CODE …) or json.")
+        OutputFormat,
+        typer.Option("--output", "-o", "--format", help="text (path:line:col: CODE …) or json."),
     ] = OutputFormat.TEXT,
 ) -> None:
     """Find nondeterministic calls in workflow bodies and the helpers they call.

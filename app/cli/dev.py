@@ -12,6 +12,7 @@ from app.api.app import create_app
 from app.api.server import server_config
 from app.auth.dev import DevTokens, dev_secret
 from app.auth.principal import ALL_SCOPES
+from app.cli.ready import safe_database_url
 from app.core.logging import configure_logging
 from app.core.settings import Settings
 from app.db.database import Database
@@ -38,7 +39,7 @@ async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
         tenant_id="default", subject="dev", scopes=ALL_SCOPES
     )
     url = f"http://{settings.host}:{settings.port}"
-    typer.echo(f"Treadle dev server on {url} (database {settings.database_url})")
+    typer.echo(f"Treadle dev server on {url} (database {safe_database_url(settings.database_url)})")
     typer.echo(f"workflows: {', '.join(f'{n}@{v}' for n, v in registry.keys)}")
     typer.echo(f"export TREADLE_URL={url}")
     typer.echo(f"export TREADLE_TOKEN={token}")

@@ -10,16 +10,18 @@ from collections.abc import Awaitable, Callable, Coroutine
 from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
-from urllib.parse import quote
 
 import httpx
 import typer
 
 from app.cli.check import check as check_command
+from app.cli.common import ExitCode
+from app.cli.runs import dlq_app, runs_app
 from app.cli.schedules import schedules_app
 from app.cli.tenants import tenants_app
 from app.core.settings import AuthMode, Settings, format_settings_error
 from app.core.text import printable
+from app.core.version import treadle_version
 
 if TYPE_CHECKING:
     from app.db.database import Database
@@ -28,9 +30,27 @@ if TYPE_CHECKING:
 S = TypeVar("S")
 
 app = typer.Typer(help="Treadle: durable workflows as a service.", no_args_is_help=True)
-runs_app = typer.Typer(help="Operate on runs through the HTTP API.", no_args_is_help=True)
 app.add_typer(runs_app, name="runs")
-dlq_app = typer.Typer(help="Dead letters: list and requeue.", no_args_is_help=True)
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        typer.echo(f"treadle {treadle_version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: Annotated[
+        bool,
+        typer.Option(
+            "--version", callback=_print_version, is_eager=True, help="Print the version and exit"
+        ),
+    ] = False,
+) -> None:
+    """Treadle: durable workflows as a service."""
+
+
 app.add_typer(dlq_app, name="dlq")
 app.command("check")(check_command)
 keys_app = typer.Typer(
@@ -102,13 +122,19 @@ def _run_fast(coro: Coroutine[Any, Any, None]) -> None:
     uvloop.run(coro)
 
 
-async def _require_schema(settings: Settings) -> None:
+async def _require_schema(settings: Settings, registered: list[str] | None = None) -> None:
+    """Refuse unless the schema is at head; fill ``registered`` with ``name@version``s."""
     from app.db.database import Database
     from app.db.migrations import check_schema
+    from app.db.queries.definitions import list_definitions
 
     db = Database(settings)
     try:
         await check_schema(db)
+        if registered is not None:
+            async with db.read() as conn:
+                rows = await list_definitions(conn)
+            registered.extend(f"{r['name']}@{r['version']}" for r in rows)
     finally:
         await db.dispose()
 
@@ -133,22 +159,25 @@ def serve(
     Outside the embedded SQLite database, refuses to start unless TREADLE_AUTH_MODE is
     set (jwt for production; dev only explicitly, for local testing).
     """
-    import uvicorn
-
     from app.api.app import create_app
     from app.api.server import server_config
+    from app.cli.ready import AnnouncingServer, serve_line
     from app.core.logging import configure_logging
 
     settings = load_settings(host=host, port=port)
     configure_logging(settings)
     require_chosen_auth(settings, "serve")
-    _run(_require_schema(settings))  # a clear one-line refusal instead of a lifespan traceback
+    registered: list[str] = []
+    # A clear one-line refusal instead of a lifespan traceback.
+    _run(_require_schema(settings, registered))
     api = create_app(settings)
     # Long-polls may wait minutes: on SIGTERM give them 5 s, then close (clients retry).
-    server = uvicorn.Server(server_config(api, settings, graceful_shutdown_seconds=5))
+    config = server_config(api, settings, graceful_shutdown_seconds=5)
+    line = serve_line(settings.host, settings.port, settings.database_url, registered)
+    server = AnnouncingServer(config, line)
     server.run()
-    if not server.started:
-        raise typer.Exit(3)  # as uvicorn.run: the server never started (port taken, …)
+    if not server.started:  # e.g. the port is taken: uvicorn logged why
+        raise typer.Exit(ExitCode.FAILED)
 
 
 @app.command()
@@ -176,8 +205,9 @@ def worker(
     ] = False,
 ) -> None:
     """Run a worker executing the workflows defined in ``--handlers`` modules."""
+    from app.cli.ready import worker_line
     from app.core.logging import configure_logging
-    from app.worker.worker import run_worker
+    from app.worker.worker import Worker, run_worker
 
     settings = load_settings()
     sys.path.insert(0, os.getcwd())
@@ -186,7 +216,15 @@ def worker(
 
         raise typer.Exit(worker_check(settings, handlers))
     configure_logging(settings)
-    _run(run_worker(settings, handlers, concurrency, metrics_port), uvloop_if_available=True)
+
+    def ready(w: Worker) -> None:
+        keys = [f"{n}@{v}" for n, v in w.registry.keys]
+        typer.echo(worker_line(w.worker_id, settings.database_url, keys, w.concurrency))
+
+    _run(
+        run_worker(settings, handlers, concurrency, metrics_port, on_ready=ready),
+        uvloop_if_available=True,
+    )
 
 
 def require_local_dev(settings: Settings, command: str) -> None:
@@ -407,7 +445,7 @@ def keys_revoke(key_id: str, tenant: TENANT) -> None:
 
 
 class OutputFormat(StrEnum):
-    """``--format`` of commands that print a report."""
+    """``-o`` / ``--output`` (formerly ``--format``) of ``treadle maintenance run``."""
 
     TEXT = "text"
     JSON = "json"
@@ -426,9 +464,10 @@ def maintenance_run(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Do the work in a transaction, then roll back")
     ] = False,
-    output: Annotated[OutputFormat, typer.Option("--format", help="text or json")] = (
-        OutputFormat.TEXT
-    ),
+    output: Annotated[
+        OutputFormat,
+        typer.Option("--output", "-o", "--format", help="text (default) or json"),
+    ] = OutputFormat.TEXT,
     tier: Annotated[
         list[TierOption] | None,
         typer.Option("--tier", help="Run only this tier (repeatable); default all"),
@@ -477,240 +516,15 @@ def maintenance_run(
         )
 
 
-# --- operator commands over HTTP -------------------------------------------------------
-
-URL = Annotated[str, typer.Option(envvar="TREADLE_URL", help="API base URL")]
-TOKEN = Annotated[str | None, typer.Option("--token", envvar="TREADLE_TOKEN", help="Bearer token")]
-
-
-def _client(url: str, tok: str | None) -> httpx.Client:
-    if not tok:
-        _fail("no token: pass --token or set TREADLE_TOKEN (dev: `treadle token`)")
-    return httpx.Client(base_url=url, headers={"Authorization": f"Bearer {tok}"}, timeout=330)
-
-
-def _show(resp: httpx.Response) -> None:
-    """Print a response (JSON pretty, text as is); exit 1 on an error status.
-
-    Both go through :func:`app.core.text.printable`: a lone surrogate in a payload cannot
-    crash the terminal's encoder, nor ESC or an RTL override rewrite the screen. In JSON
-    the escapes land inside strings, so the output stays valid, equal JSON.
-    """
-    if resp.headers.get("content-type", "").startswith("text/plain"):
-        typer.echo(printable(resp.text, keep="\n"), nl=False)
-    else:
-        typer.echo(printable(stdjson.dumps(resp.json(), indent=2, ensure_ascii=False), keep="\n"))
-    if resp.status_code >= 400:
-        raise typer.Exit(1)
-
-
-@runs_app.command("start")
-def runs_start(
-    workflow: str,
-    input_json: Annotated[str, typer.Option("--input", help="JSON input or @file.json")] = "{}",
-    key: Annotated[str | None, typer.Option("--idempotency-key")] = None,
-    concurrency_key: Annotated[
-        str | None,
-        typer.Option(
-            "--concurrency-key",
-            help="At most key_limit active runs per key (a state machine's parent)",
-        ),
-    ] = None,
-    version: Annotated[str | None, typer.Option()] = None,
-    url: URL = "http://127.0.0.1:8000",
-    tok: TOKEN = None,
-) -> None:
-    """Submit a run."""
-    try:
-        text = Path(input_json[1:]).read_text() if input_json.startswith("@") else input_json
-    except OSError as exc:
-        _fail(f"--input: cannot read {input_json[1:]!r}: {exc.strerror}")
-    try:
-        payload = stdjson.loads(text)
-    except ValueError as exc:
-        _fail(f"--input is not valid JSON: {exc}")
-    body: dict[str, Any] = {"workflow": workflow, "input": payload}
-    if key:
-        body["idempotency_key"] = key
-    if concurrency_key:
-        body["concurrency_key"] = concurrency_key
-    if version:
-        body["version"] = version
-    with _client(url, tok) as c:
-        _show(c.post("/runs", json=body))
-
-
-@runs_app.command("get")
-def runs_get(run_id: str, url: URL = "http://127.0.0.1:8000", tok: TOKEN = None) -> None:
-    """Show one run."""
-    with _client(url, tok) as c:
-        _show(c.get(f"/runs/{run_id}"))
-
-
-@runs_app.command("list")
-def runs_list(
-    workflow: Annotated[str | None, typer.Option()] = None,
-    status: Annotated[str | None, typer.Option()] = None,
-    limit: Annotated[int, typer.Option()] = 20,
-    url: URL = "http://127.0.0.1:8000",
-    tok: TOKEN = None,
-) -> None:
-    """List runs, newest first."""
-    params: dict[str, Any] = {"limit": limit}
-    if workflow:
-        params["workflow"] = workflow
-    if status:
-        params["status"] = status
-    with _client(url, tok) as c:
-        _show(c.get("/runs", params=params))
-
-
-@runs_app.command("report")
-def runs_report(
-    run_id: str,
-    as_json: Annotated[bool, typer.Option("--json")] = False,
-    url: URL = "http://127.0.0.1:8000",
-    tok: TOKEN = None,
-) -> None:
-    """Print the operator's report (text; --json for JSON)."""
-    with _client(url, tok) as c:
-        _show(c.get(f"/runs/{run_id}/report", params={"format": "json" if as_json else "text"}))
-
-
-@runs_app.command("cancel")
-def runs_cancel(
-    run_id: str,
-    reason: Annotated[str | None, typer.Option()] = None,
-    url: URL = "http://127.0.0.1:8000",
-    tok: TOKEN = None,
-) -> None:
-    """Cancel a run."""
-    with _client(url, tok) as c:
-        _show(c.post(f"/runs/{run_id}/cancel", json={"reason": reason} if reason else None))
-
-
-@runs_app.command("result")
-def runs_result(
-    run_id: str,
-    wait: Annotated[float, typer.Option(help="Seconds to wait")] = 30,
-    url: URL = "http://127.0.0.1:8000",
-    tok: TOKEN = None,
-) -> None:
-    """Wait for and print a run's result."""
-    with _client(url, tok) as c:
-        _show(c.get(f"/runs/{run_id}/result", params={"wait": wait}))
-
-
-def _json_option(text: str | None) -> Any:
-    if text is None:
-        return None
-    try:
-        raw = Path(text[1:]).read_text() if text.startswith("@") else text
-    except OSError as exc:
-        _fail(f"--payload: cannot read {text[1:]!r}: {exc.strerror}")
-    try:
-        return stdjson.loads(raw)
-    except ValueError as exc:
-        _fail(f"--payload is not valid JSON: {exc}")
-
-
-@runs_app.command("signal")
-def runs_signal(
-    run_id: str,
-    name: str,
-    payload: Annotated[str | None, typer.Option(help="JSON payload or @file.json")] = None,
-    url: URL = "http://127.0.0.1:8000",
-    tok: TOKEN = None,
-) -> None:
-    """Send a signal to a run."""
-    with _client(url, tok) as c:
-        _show(
-            c.post(
-                f"/runs/{quote(run_id, safe='')}/signals/{quote(name, safe='')}",
-                json={"payload": _json_option(payload)},
-            )
-        )
-
-
-@runs_app.command("approve")
-def runs_approve(
-    run_id: str,
-    step: str,
-    reject: Annotated[bool, typer.Option("--reject", help="Reject instead")] = False,
-    comment: Annotated[str | None, typer.Option()] = None,
-    payload: Annotated[str | None, typer.Option(help="JSON payload or @file.json")] = None,
-    url: URL = "http://127.0.0.1:8000",
-    tok: TOKEN = None,
-) -> None:
-    """Approve (or --reject) a run's waiting approval."""
-    body = {
-        "decision": "reject" if reject else "approve",
-        "comment": comment,
-        "payload": _json_option(payload),
-    }
-    with _client(url, tok) as c:
-        _show(c.post(f"/runs/{quote(run_id, safe='')}/approvals/{quote(step, safe='')}", json=body))
-
-
-@runs_app.command("resume")
-def runs_resume(run_id: str, url: URL = "http://127.0.0.1:8000", tok: TOKEN = None) -> None:
-    """Make a waiting run due now."""
-    with _client(url, tok) as c:
-        _show(c.post(f"/runs/{run_id}/resume"))
-
-
-@runs_app.command("retry")
-def runs_retry(
-    run_id: str,
-    reason: Annotated[str, typer.Option(help="Why (audited)")],
-    correlation_id: Annotated[str | None, typer.Option()] = None,
-    url: URL = "http://127.0.0.1:8000",
-    tok: TOKEN = None,
-) -> None:
-    """Re-run a failed run from its failed point."""
-    body = {"reason": reason, "correlation_id": correlation_id}
-    with _client(url, tok) as c:
-        _show(c.post(f"/runs/{run_id}/retry", json=body))
-
-
-@dlq_app.command("list")
-def dlq_list(
-    all_: Annotated[bool, typer.Option("--all", help="Include requeued ones")] = False,
-    url: URL = "http://127.0.0.1:8000",
-    tok: TOKEN = None,
-) -> None:
-    """List dead letters (pending by default)."""
-    with _client(url, tok) as c:
-        _show(c.get("/dead-letters", params={"status": "all" if all_ else "pending"}))
-
-
-@dlq_app.command("requeue")
-def dlq_requeue(
-    dead_letter_id: str,
-    reason: Annotated[str, typer.Option(help="Why (audited)")],
-    correlation_id: Annotated[str | None, typer.Option()] = None,
-    url: URL = "http://127.0.0.1:8000",
-    tok: TOKEN = None,
-) -> None:
-    """Requeue a dead letter: the run re-runs from its failed point."""
-    body = {"reason": reason, "correlation_id": correlation_id}
-    with _client(url, tok) as c:
-        _show(c.post(f"/dead-letters/{dead_letter_id}/requeue", json=body))
-
-
 def main() -> None:
-    """Console-script entry point."""
+    """Console-script entry point (exit codes: :class:`app.cli.common.ExitCode`)."""
     try:
         app()
-    except httpx.ConnectError as exc:
-        _fail_plain(f"cannot reach the API: {exc} (is `treadle serve` running? TREADLE_URL?)")
-    except httpx.HTTPError as exc:
-        _fail_plain(f"HTTP error talking to the API: {exc}")
-
-
-def _fail_plain(message: str) -> NoReturn:
-    typer.secho(printable(message, keep="\n"), fg=typer.colors.RED, err=True)
-    raise SystemExit(2)
+    except httpx.TransportError as exc:  # a command that talks HTTP without app.client
+        typer.secho(
+            printable(f"cannot reach the API: {exc}", keep="\n"), fg=typer.colors.RED, err=True
+        )
+        raise SystemExit(ExitCode.UNREACHABLE) from None
 
 
 if __name__ == "__main__":

@@ -3,27 +3,46 @@
 from __future__ import annotations
 
 from typing import Annotated, Any
-from urllib.parse import quote
 
 import typer
 
+from app.cli.common import (
+    DEFAULT_URL,
+    OUTPUT,
+    TOKEN,
+    URL,
+    Output,
+    api_client,
+    emit,
+    read_json_option,
+)
+from app.client import quote_segment
+
 schedules_app = typer.Typer(help="Cron and one-off schedules (over the HTTP API).")
 
-_URL = Annotated[str, typer.Option(envvar="TREADLE_URL", help="API base URL")]
-_TOKEN = Annotated[str | None, typer.Option("--token", envvar="TREADLE_TOKEN", help="Bearer token")]
-_DEFAULT_URL = "http://127.0.0.1:8000"
+_URL = URL
+_TOKEN = TOKEN
+_DEFAULT_URL = DEFAULT_URL
+SCHEDULE_COLUMNS = ["schedule_id", "name", "workflow", "state", "cron", "at", "fired_count"]
+FIRE_COLUMNS = ["tick", "kind", "run_id", "fired_at", "outcome"]
 
 
 def _path(schedule_id: str, suffix: str = "") -> str:
-    return f"/schedules/{quote(schedule_id, safe='')}{suffix}"
+    return f"/schedules/{quote_segment(schedule_id)}{suffix}"
 
 
-def _call(method: str, path: str, url: str, tok: str | None, **kwargs: Any) -> None:
-    # Imported here: app.cli.main imports this module to register the command group.
-    from app.cli.main import _client, _show
-
-    with _client(url, tok) as c:
-        _show(c.request(method, path, **kwargs))
+def _call(
+    method: str,
+    path: str,
+    url: str,
+    tok: str | None,
+    output: Output = Output.TABLE,
+    columns: list[str] | None = None,
+    **kwargs: Any,
+) -> None:
+    with api_client(url, tok) as c:
+        answer = c.request(method, path, **kwargs)
+    emit(answer, output, columns=columns)
 
 
 @schedules_app.command("create")
@@ -41,16 +60,15 @@ def create(
     jitter: Annotated[int, typer.Option(help="Seconds of deterministic delay per tick")] = 0,
     version: Annotated[str | None, typer.Option()] = None,
     paused: Annotated[bool, typer.Option("--paused")] = False,
+    output: OUTPUT = Output.TABLE,
     url: _URL = _DEFAULT_URL,
     tok: _TOKEN = None,
 ) -> None:
     """Create a schedule (give --cron or --at)."""
-    from app.cli.main import _json_option
-
     body: dict[str, Any] = {
         "name": name,
         "workflow": workflow,
-        "input": _json_option(input_json),
+        "input": read_json_option(input_json, "--input"),
         "timezone": timezone,
         "overlap": overlap,
         "catchup_window_seconds": catchup_window,
@@ -63,7 +81,7 @@ def create(
         body["at"] = at
     if version is not None:
         body["version"] = version
-    _call("POST", "/schedules", url, tok, json=body)
+    _call("POST", "/schedules", url, tok, output, json=body)
 
 
 @schedules_app.command("list")
@@ -71,6 +89,7 @@ def list_(
     workflow: Annotated[str | None, typer.Option()] = None,
     state: Annotated[str | None, typer.Option(help="active | paused | completed")] = None,
     limit: Annotated[int, typer.Option()] = 50,
+    output: OUTPUT = Output.TABLE,
     url: _URL = _DEFAULT_URL,
     tok: _TOKEN = None,
 ) -> None:
@@ -80,18 +99,19 @@ def list_(
         params["workflow"] = workflow
     if state:
         params["state"] = state
-    _call("GET", "/schedules", url, tok, params=params)
+    _call("GET", "/schedules", url, tok, output, SCHEDULE_COLUMNS, params=params)
 
 
 @schedules_app.command("get")
 def get(
     schedule_id: str,
     next_: Annotated[int, typer.Option("--next", help="Upcoming ticks to show")] = 5,
+    output: OUTPUT = Output.TABLE,
     url: _URL = _DEFAULT_URL,
     tok: _TOKEN = None,
 ) -> None:
     """Show a schedule and its next fire times."""
-    _call("GET", _path(schedule_id), url, tok, params={"next": next_})
+    _call("GET", _path(schedule_id), url, tok, output, params={"next": next_})
 
 
 @schedules_app.command("update")
@@ -104,12 +124,11 @@ def update(
     overlap: Annotated[str | None, typer.Option()] = None,
     catchup_window: Annotated[int | None, typer.Option()] = None,
     jitter: Annotated[int | None, typer.Option()] = None,
+    output: OUTPUT = Output.TABLE,
     url: _URL = _DEFAULT_URL,
     tok: _TOKEN = None,
 ) -> None:
     """Change a schedule (only the options given)."""
-    from app.cli.main import _json_option
-
     body: dict[str, Any] = {}
     for key, value in (
         ("cron", cron),
@@ -122,48 +141,51 @@ def update(
         if value is not None:
             body[key] = value
     if input_json is not None:
-        body["input"] = _json_option(input_json)
-    _call("PATCH", _path(schedule_id), url, tok, json=body)
+        body["input"] = read_json_option(input_json, "--input")
+    _call("PATCH", _path(schedule_id), url, tok, output, json=body)
 
 
 @schedules_app.command("delete")
 def delete(schedule_id: str, url: _URL = _DEFAULT_URL, tok: _TOKEN = None) -> None:
     """Delete a schedule (its runs are kept)."""
-    from app.cli.main import _client
-
-    with _client(url, tok) as c:
-        resp = c.delete(_path(schedule_id))
-    if resp.status_code >= 400:
-        from app.cli.main import _show
-
-        _show(resp)
+    with api_client(url, tok) as c:
+        c.request("DELETE", _path(schedule_id))
     typer.echo(f"deleted {schedule_id}")
 
 
 @schedules_app.command("pause")
-def pause(schedule_id: str, url: _URL = _DEFAULT_URL, tok: _TOKEN = None) -> None:
+def pause(
+    schedule_id: str, output: OUTPUT = Output.TABLE, url: _URL = _DEFAULT_URL, tok: _TOKEN = None
+) -> None:
     """Stop firing."""
-    _call("POST", _path(schedule_id, "/pause"), url, tok)
+    _call("POST", _path(schedule_id, "/pause"), url, tok, output)
 
 
 @schedules_app.command("resume")
-def resume(schedule_id: str, url: _URL = _DEFAULT_URL, tok: _TOKEN = None) -> None:
+def resume(
+    schedule_id: str, output: OUTPUT = Output.TABLE, url: _URL = _DEFAULT_URL, tok: _TOKEN = None
+) -> None:
     """Fire again from the next tick after now."""
-    _call("POST", _path(schedule_id, "/resume"), url, tok)
+    _call("POST", _path(schedule_id, "/resume"), url, tok, output)
 
 
 @schedules_app.command("trigger")
-def trigger(schedule_id: str, url: _URL = _DEFAULT_URL, tok: _TOKEN = None) -> None:
+def trigger(
+    schedule_id: str, output: OUTPUT = Output.TABLE, url: _URL = _DEFAULT_URL, tok: _TOKEN = None
+) -> None:
     """Fire once now (under the overlap policy)."""
-    _call("POST", _path(schedule_id, "/trigger"), url, tok)
+    _call("POST", _path(schedule_id, "/trigger"), url, tok, output)
 
 
 @schedules_app.command("fires")
 def fires(
     schedule_id: str,
     limit: Annotated[int, typer.Option()] = 20,
+    output: OUTPUT = Output.TABLE,
     url: _URL = _DEFAULT_URL,
     tok: _TOKEN = None,
 ) -> None:
     """List fired ticks (newest first) with their run ids."""
-    _call("GET", _path(schedule_id, "/fires"), url, tok, params={"limit": limit})
+    _call(
+        "GET", _path(schedule_id, "/fires"), url, tok, output, FIRE_COLUMNS, params={"limit": limit}
+    )

@@ -15,7 +15,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -147,12 +147,17 @@ class Worker:
                 definitions=json.dumps([f"{n}@{v}" for n, v in self.registry.keys]),
             )
 
-    async def run(self) -> None:
-        """Register, then claim and execute until :meth:`stop`; then drain."""
+    async def run(self, on_ready: Callable[[Worker], None] | None = None) -> None:
+        """Register, then claim and execute until :meth:`stop`; then drain.
+
+        ``on_ready(self)`` is called after registration, before the first claim.
+        """
         await self.register()
         self.log.info(
             "worker started", definitions=len(self.registry), concurrency=self.concurrency
         )
+        if on_ready is not None:
+            on_ready(self)
         helpers = [
             asyncio.create_task(self._heartbeat_loop()),
             asyncio.create_task(self._slot_sweep_loop()),
@@ -601,8 +606,12 @@ async def run_worker(
     handler_modules: list[str],
     concurrency: int | None = None,
     metrics_port: int | None = None,
+    on_ready: Callable[[Worker], None] | None = None,
 ) -> None:
     """Composition root of ``treadle worker``: build everything, run until SIGTERM/SIGINT.
+
+    ``on_ready`` is called once the worker has registered its definitions and is about
+    to claim (``treadle worker`` prints its ready line there).
 
     Raises:
         SchemaVersionMismatch: the database is not migrated to this code's head.
@@ -623,6 +632,6 @@ async def run_worker(
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
-        await worker.run()
+        await worker.run(on_ready=on_ready)
     finally:
         await db.dispose()

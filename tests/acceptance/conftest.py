@@ -25,16 +25,23 @@ from tests.helpers import wait_for_sync
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(env: dict[str, str], *args: str) -> str:
-    """Run ``treadle <args>`` in a subprocess with ``env``; assert exit 0; return stdout."""
-    done = subprocess.run(
+def cli_run(
+    env: dict[str, str], *args: str, timeout: float = 60
+) -> subprocess.CompletedProcess[str]:
+    """Run ``treadle <args>`` in a subprocess with ``env``; return it whatever its exit code."""
+    return subprocess.run(
         [sys.executable, "-m", "app.cli.main", *args],
         cwd=ROOT,
         env=env,
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=timeout,
     )
+
+
+def cli(env: dict[str, str], *args: str) -> str:
+    """Run ``treadle <args>`` in a subprocess with ``env``; assert exit 0; return stdout."""
+    done = cli_run(env, *args)
     assert done.returncode == 0, done.stderr + done.stdout
     return done.stdout
 
@@ -87,7 +94,7 @@ class Stack:
             if self.api.poll() is not None:
                 raise AssertionError(f"API exited: {self.logs[-1].read_text()[-3000:]}")
             try:
-                return httpx.get(self.url + "/readyz", timeout=1).status_code == 200
+                return httpx.get(self.url + "/readyz", timeout=10).status_code == 200
             except httpx.HTTPError:
                 return False
 

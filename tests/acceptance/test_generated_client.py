@@ -62,6 +62,8 @@ def test_generated_client_completes_a_run(stack: Stack, client_package: str) -> 
     get_run_result = _module("api.runs.get_run_result")
     get_run = _module("api.runs.get_run")
     list_workflows = _module("api.workflows.list_workflows")
+    get_run_report = _module("api.runs.get_run_report")
+    get_run_report_text = _module("api.runs.get_run_report_text")
 
     with client_mod.AuthenticatedClient(base_url=stack.url, token=token()) as api:
         names = [w.name for w in list_workflows.sync(client=api).items]
@@ -86,6 +88,15 @@ def test_generated_client_completes_a_run(stack: Stack, client_package: str) -> 
         again = submit_run.sync_detailed(client=api, body=body)
         assert again.status_code == 200
         assert again.parsed.run_id == run.run_id
+
+        # The report in both forms: JSON as a typed model, text as a string.
+        report = get_run_report.sync(str(run.run_id), client=api)
+        assert isinstance(report, models.RunReport)
+        assert report.run.run_id == run.run_id and report.steps
+        text = get_run_report_text.sync(str(run.run_id), client=api)
+        assert isinstance(text, str) and str(run.run_id) in text and "acc-echo" in text
+        gone = get_run_report_text.sync(str(uuid.uuid4()), client=api)
+        assert isinstance(gone, models.Problem) and gone.code == "run_not_found"
 
         missing = get_run.sync(str(uuid.uuid4()), client=api)
         assert isinstance(missing, models.Problem)

@@ -100,7 +100,11 @@ def test_schedule_lifecycle_over_http(stack: Stack) -> None:
     cli = [sys.executable, "-m", "app.cli.main", "schedules"]
     env = {**stack.env, "TREADLE_URL": stack.url, "TREADLE_TOKEN": token()}
     shown = subprocess.run(
-        [*cli, "get", sid, "--next", "2"], env=env, capture_output=True, text=True, timeout=60
+        [*cli, "get", sid, "--next", "2", "-o", "json"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
     )
     assert shown.returncode == 0, shown.stderr
     assert len(json.loads(shown.stdout)["next_fire_times"]) == 2
@@ -111,7 +115,8 @@ def test_schedule_lifecycle_over_http(stack: Stack) -> None:
         text=True,
         timeout=60,
     )
-    assert refused.returncode == 1 and "5 fields" in refused.stdout
+    # An error answer: exit 1, one line on stderr (status, code, detail).
+    assert refused.returncode == 1 and "422" in refused.stderr and "5 fields" in refused.stderr
     gone = subprocess.run(
         [*cli, "delete", sid], env=env, capture_output=True, text=True, timeout=60
     )

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import difflib
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,8 @@ def test_every_operation_has_an_id_and_documentation() -> None:
 
 
 def _secured(op: dict[str, Any]) -> bool:
-    return bool(op.get("security") or SPEC.get("security"))
+    # An operation's own `security` (even an empty list) replaces the document's.
+    return bool(op["security"] if "security" in op else SPEC.get("security"))
 
 
 def _cases() -> list[str]:
@@ -98,10 +100,57 @@ def test_every_operation_declares_problem_responses(operation_id: str) -> None:
 
 
 def test_probes_need_no_token_and_declare_no_problems() -> None:
+    assert SPEC["security"] == [{"HTTPBearer": []}], "the document requires the bearer token"
     for op_id in PROBES:
         method, path, op = OPERATIONS[op_id]
+        assert op["security"] == [], f"{method} {path} must say `security: []` (no token)"
         assert not _secured(op), f"{method} {path} must not need a token"
-        assert not problem_statuses(op), f"{method} {path} answers with Health bodies"
+        # Only the header ceiling (431, any route) is a problem; 200/503 are Health bodies.
+        assert problem_statuses(op) == {"431"}, f"{method} {path}: {problem_statuses(op)}"
+
+
+def test_document_names_its_servers_license_and_every_operation_needs_a_4xx() -> None:
+    assert SPEC["servers"] and SPEC["servers"][0]["url"].startswith("http")
+    assert SPEC["info"]["license"]["identifier"] == "Apache-2.0"
+    for method, path, op in OPERATIONS.values():
+        assert any(s.startswith("4") for s in op["responses"]), f"{method} {path}: no 4xx"
+
+
+def test_each_operation_has_one_answer_type_for_generators() -> None:
+    # Generators (openapi-python-client, openapi-fetch) take one media type per answer:
+    # the text report is its own operation, so a typed client can call it.
+    _, path, op = OPERATIONS["get_run_report_text"]
+    assert path == "/runs/{run_id}/report.txt"
+    assert list(op["responses"]["200"]["content"]) == ["text/plain"]
+    _, _, report = OPERATIONS["get_run_report"]
+    assert next(iter(report["responses"]["200"]["content"])) == "application/json"
+    assert "format" not in {p["name"] for p in report.get("parameters", [])}
+
+
+def _walk(node: Any) -> Iterator[Any]:
+    yield node
+    if isinstance(node, dict):
+        for value in node.values():
+            yield from _walk(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _walk(value)
+
+
+def test_schemas_have_no_illogical_any_of_and_examples_validate() -> None:
+    from jsonschema import Draft202012Validator
+
+    for node in _walk(SPEC["components"]["schemas"]):
+        if isinstance(node, dict) and "anyOf" in node:
+            assert {} not in node["anyOf"], f"anyOf with an empty (any) schema: {node}"
+    # Examples must validate against their schema (refs resolved inside the document).
+    for name, schema in SPEC["components"]["schemas"].items():
+        for example in schema.get("examples", []):
+            validator = Draft202012Validator(
+                {**schema, "components": SPEC["components"]},
+            )
+            errors = [e.message for e in validator.iter_errors(example)]
+            assert not errors, f"{name} example is invalid: {errors}"
 
 
 def test_problem_responses_declare_the_problem_media_type() -> None:

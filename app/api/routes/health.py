@@ -6,14 +6,21 @@ from fastapi import APIRouter
 from fastapi.responses import JSONResponse
 
 from app.api import schemas
-from app.api.deps import DB
+from app.api.deps import DB, PUBLIC
+from app.api.problems import HEADERS_TOO_LARGE
 from app.core.errors import SchemaVersionMismatch
 from app.db.migrations import check_schema
 
 router = APIRouter(tags=["health"])
 
 
-@router.get("/healthz", operation_id="get_health", response_model=schemas.Health)
+@router.get(
+    "/healthz",
+    operation_id="get_health",
+    response_model=schemas.Health,
+    responses=HEADERS_TOO_LARGE,
+    openapi_extra=PUBLIC,
+)
 async def healthz() -> schemas.Health:
     """Liveness: the process answers."""
     return schemas.Health(status="ok")
@@ -23,7 +30,8 @@ async def healthz() -> schemas.Health:
     "/readyz",
     operation_id="get_readiness",
     response_model=schemas.Health,
-    responses={503: {"model": schemas.Health, "description": "Not ready"}},
+    responses={503: {"model": schemas.Health, "description": "Not ready"}, **HEADERS_TOO_LARGE},
+    openapi_extra=PUBLIC,
 )
 async def readyz(db: DB) -> JSONResponse:
     """Readiness: the database is reachable and its schema is at this code's head."""

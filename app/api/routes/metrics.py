@@ -8,7 +8,8 @@ from fastapi import APIRouter, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from sqlalchemy import func, select
 
-from app.api.deps import DB
+from app.api.deps import DB, PUBLIC
+from app.api.problems import HEADERS_TOO_LARGE
 from app.core import metrics
 from app.core.status import RunStatus
 from app.db.queries import runs as runs_q
@@ -54,8 +55,10 @@ async def _refresh_gauges(request: Request, db: DB) -> None:
         200: {
             "content": {CONTENT_TYPE_LATEST: {"schema": {"type": "string"}}},
             "description": "Prometheus text exposition",
-        }
+        },
+        **HEADERS_TOO_LARGE,
     },
+    openapi_extra=PUBLIC,
 )
 async def get_metrics(request: Request, db: DB) -> Response:
     """Prometheus metrics of this API process (no token: restrict it at the network).

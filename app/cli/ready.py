@@ -1,0 +1,61 @@
+"""The one line ``treadle serve`` and ``treadle worker`` print on stdout once ready.
+
+Operators and scripts wait for it (``grep -m1 ready``) instead of polling: it names
+where the process listens, which database it uses (password hidden) and which workflows
+it knows.
+"""
+
+from __future__ import annotations
+
+import socket
+from collections.abc import Sequence
+
+import typer
+import uvicorn
+from sqlalchemy.engine import make_url
+
+
+def safe_database_url(url: str) -> str:
+    """``url`` with its password replaced by ``***`` (what may appear in logs)."""
+    try:
+        return make_url(url).render_as_string(hide_password=True)
+    except Exception:  # noqa: BLE001 - an unparsable URL is shown as its scheme only
+        return url.split(":", 1)[0] + ":…"
+
+
+def _workflows(keys: Sequence[str]) -> str:
+    return ", ".join(keys) if keys else "none registered yet"
+
+
+def serve_line(host: str, port: int, database_url: str, workflows: Sequence[str]) -> str:
+    """``treadle serve: ready on http://HOST:PORT (database …; workflows …)``."""
+    shown = f"[{host}]" if ":" in host else host
+    return (
+        f"treadle serve: ready on http://{shown}:{port} "
+        f"(database {safe_database_url(database_url)}; workflows {_workflows(workflows)})"
+    )
+
+
+def worker_line(
+    worker_id: str, database_url: str, workflows: Sequence[str], concurrency: int
+) -> str:
+    """``treadle worker: ready as ID (database …; workflows …; concurrency N)``."""
+    return (
+        f"treadle worker: ready as {worker_id} on {socket.gethostname()} "
+        f"(database {safe_database_url(database_url)}; workflows {_workflows(workflows)}; "
+        f"concurrency {concurrency})"
+    )
+
+
+class AnnouncingServer(uvicorn.Server):
+    """A uvicorn server that prints ``line`` once it listens and its lifespan started."""
+
+    def __init__(self, config: uvicorn.Config, line: str) -> None:
+        super().__init__(config)
+        self.line = line
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """Start as uvicorn does; then, if started, print the ready line."""
+        await super().startup(sockets=sockets)
+        if self.started:
+            typer.echo(self.line)

@@ -1,0 +1,333 @@
+"""``treadle runs …`` and ``treadle dlq …``: operator commands over the HTTP API.
+
+Built on :class:`app.client.TreadleClient` (429/503 retried after ``Retry-After``, ids
+URL-quoted, errors as :class:`app.client.TreadleAPIError`); conventions (``-o``, exit
+codes) in :mod:`app.cli.common`.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+from typing import Annotated, Any
+
+import typer
+
+from app.cli.common import (
+    DEFAULT_URL,
+    OUTPUT,
+    TOKEN,
+    URL,
+    ExitCode,
+    Output,
+    api_client,
+    emit,
+    note,
+    parse_time,
+    print_json,
+    read_json_option,
+)
+from app.client import RunNotFinished, RunResult
+from app.core.text import printable
+
+runs_app = typer.Typer(help="Operate on runs through the HTTP API.", no_args_is_help=True)
+dlq_app = typer.Typer(help="Dead letters: list and requeue.", no_args_is_help=True)
+
+RUN_COLUMNS = ["run_id", "workflow", "version", "status", "reason", "created_at", "finished_at"]
+DEAD_LETTER_COLUMNS = [
+    "dead_letter_id",
+    "run_id",
+    "workflow",
+    "reason",
+    "status",
+    "created_at",
+    "requeued_by",
+]
+
+
+class ReportOutput(StrEnum):
+    """``-o`` of ``treadle runs report``."""
+
+    TEXT = "text"
+    JSON = "json"
+
+
+def _finish(result: RunResult, output: Output) -> None:
+    """Print a result; exit 1 unless the run completed (failed, cancelled, still open)."""
+    emit(result, output)
+    if result.succeeded:
+        return
+    if not result.done:
+        note(f"run {result.run_id} is still {result.status.value}")
+    else:
+        reason = result.reason.value if result.reason else "no reason"
+        note(f"run {result.run_id} ended {result.status.value} ({reason})")
+    raise typer.Exit(ExitCode.FAILED)
+
+
+_INPUT = Annotated[str, typer.Option("--input", help="JSON input or @file.json")]
+_KEY = Annotated[str | None, typer.Option("--idempotency-key", help="Makes retries safe")]
+_CONCURRENCY_KEY = Annotated[
+    str | None,
+    typer.Option(
+        "--concurrency-key", help="At most key_limit active runs per key (a state machine's parent)"
+    ),
+]
+_VERSION = Annotated[str | None, typer.Option("--version", help="Pin a registered version")]
+
+
+@runs_app.command("start")
+def runs_start(
+    workflow: str,
+    input_json: _INPUT = "{}",
+    key: _KEY = None,
+    concurrency_key: _CONCURRENCY_KEY = None,
+    version: _VERSION = None,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Submit a run (do not wait; see `runs execute`)."""
+    payload = read_json_option(input_json, "--input")
+    with api_client(url, tok) as c:
+        run = c.submit(
+            workflow,
+            payload,
+            version=version,
+            idempotency_key=key,
+            concurrency_key=concurrency_key,
+        )
+    emit(run, output)
+
+
+@runs_app.command("execute")
+def runs_execute(
+    workflow: str,
+    input_json: _INPUT = "{}",
+    key: _KEY = None,
+    concurrency_key: _CONCURRENCY_KEY = None,
+    version: _VERSION = None,
+    timeout: Annotated[
+        float | None, typer.Option(help="Give up waiting after this many seconds")
+    ] = None,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Submit a run and wait for its result: exit 0 if it completed, 1 if not."""
+    payload = read_json_option(input_json, "--input")
+    with api_client(url, tok) as c:
+        run = c.submit(
+            workflow,
+            payload,
+            version=version,
+            idempotency_key=key,
+            concurrency_key=concurrency_key,
+        )
+        note(f"run {run.run_id} submitted ({run.status.value}); waiting for its result")
+        try:
+            result = c.wait(run.run_id, timeout=timeout, check=False)
+        except RunNotFinished as exc:
+            result = exc.result
+    _finish(result, output)
+
+
+@runs_app.command("get")
+def runs_get(
+    run_id: str, output: OUTPUT = Output.TABLE, url: URL = DEFAULT_URL, tok: TOKEN = None
+) -> None:
+    """Show one run."""
+    with api_client(url, tok) as c:
+        emit(c.get(run_id), output)
+
+
+@runs_app.command("list")
+def runs_list(
+    workflow: Annotated[str | None, typer.Option(help="Only this workflow")] = None,
+    status: Annotated[str | None, typer.Option(help="Only this status (queued, failed, …)")] = None,
+    created_after: Annotated[
+        str | None, typer.Option(help="ISO 8601 date/time; without an offset, UTC")
+    ] = None,
+    created_before: Annotated[
+        str | None, typer.Option(help="ISO 8601 date/time; without an offset, UTC")
+    ] = None,
+    page_token: Annotated[
+        str | None, typer.Option(help="Continue from a previous page (same filters)")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=200, help="Runs per page")] = 20,
+    all_pages: Annotated[bool, typer.Option("--all", help="Every page, not just one")] = False,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """List runs, newest first (one page; --all for every page)."""
+    after = parse_time(created_after, "--created-after")
+    before = parse_time(created_before, "--created-before")
+    with api_client(url, tok) as c:
+        if all_pages:
+            items = list(
+                c.list_all(
+                    workflow=workflow,
+                    status=status,
+                    created_after=after,
+                    created_before=before,
+                    page_size=200,
+                )
+            )
+            page: dict[str, Any] = {"items": items, "next_page_token": None}
+            if page_token:
+                note("--page-token is ignored with --all")
+        else:
+            page = c.list(
+                workflow=workflow,
+                status=status,
+                created_after=after,
+                created_before=before,
+                page_token=page_token,
+                limit=limit,
+            ).model_dump(mode="json")
+    emit(page, output, columns=RUN_COLUMNS)
+    token = page.get("next_page_token")
+    if token and output is Output.TABLE:
+        note(f"more: --page-token {token}")
+
+
+@runs_app.command("report")
+def runs_report(
+    run_id: str,
+    output: Annotated[
+        ReportOutput,
+        typer.Option("--output", "-o", help="text (default) or json", case_sensitive=False),
+    ] = ReportOutput.TEXT,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Print the operator's report: run, steps, timeline, dead letters."""
+    with api_client(url, tok) as c:
+        if output is ReportOutput.JSON:
+            print_json(c.report(run_id))
+        else:
+            typer.echo(printable(c.report_text(run_id), keep="\n"), nl=False)
+
+
+@runs_app.command("cancel")
+def runs_cancel(
+    run_id: str,
+    reason: Annotated[str | None, typer.Option(help="Why (audited)")] = None,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Cancel a run."""
+    with api_client(url, tok) as c:
+        emit(c.cancel(run_id, reason=reason), output)
+
+
+@runs_app.command("result")
+def runs_result(
+    run_id: str,
+    wait: Annotated[float, typer.Option(min=0, max=300, help="Seconds to wait")] = 30,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Wait for and print a run's result: exit 0 if it completed, 1 if it failed or is open."""
+    with api_client(url, tok) as c:
+        result = c.result(run_id, wait=wait)
+    _finish(result, output)
+
+
+@runs_app.command("signal")
+def runs_signal(
+    run_id: str,
+    name: str,
+    payload: Annotated[str | None, typer.Option(help="JSON payload or @file.json")] = None,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Send a signal to a run."""
+    body = read_json_option(payload, "--payload")
+    with api_client(url, tok) as c:
+        emit(c.signal(run_id, name, body), output)
+
+
+@runs_app.command("approve")
+def runs_approve(
+    run_id: str,
+    step: str,
+    reject: Annotated[bool, typer.Option("--reject", help="Reject instead")] = False,
+    comment: Annotated[str | None, typer.Option()] = None,
+    payload: Annotated[str | None, typer.Option(help="JSON payload or @file.json")] = None,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Approve (or --reject) a run's waiting approval."""
+    body = read_json_option(payload, "--payload")
+    with api_client(url, tok) as c:
+        decide = c.reject if reject else c.approve
+        emit(decide(run_id, step, payload=body, comment=comment), output)
+
+
+@runs_app.command("resume")
+def runs_resume(
+    run_id: str, output: OUTPUT = Output.TABLE, url: URL = DEFAULT_URL, tok: TOKEN = None
+) -> None:
+    """Make a waiting run due now."""
+    with api_client(url, tok) as c:
+        emit(c.resume(run_id), output)
+
+
+@runs_app.command("retry")
+def runs_retry(
+    run_id: str,
+    reason: Annotated[str, typer.Option(help="Why (audited)")],
+    correlation_id: Annotated[str | None, typer.Option()] = None,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Re-run a failed run from its failed point."""
+    with api_client(url, tok) as c:
+        emit(c.retry(run_id, reason=reason, correlation_id=correlation_id), output)
+
+
+@dlq_app.command("list")
+def dlq_list(
+    all_: Annotated[
+        bool, typer.Option("--all", help="Every dead letter, requeued ones too, every page")
+    ] = False,
+    workflow: Annotated[str | None, typer.Option(help="Only this workflow")] = None,
+    page_token: Annotated[str | None, typer.Option(help="Continue from a previous page")] = None,
+    limit: Annotated[int, typer.Option(min=1, max=200, help="Per page")] = 50,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """List dead letters, newest first (one page of pending ones by default)."""
+    with api_client(url, tok) as c:
+        if all_:
+            items = list(c.dead_letters_all(status="all", workflow=workflow))
+            page: dict[str, Any] = {"items": items, "next_page_token": None}
+        else:
+            page = c.dead_letters(
+                status="pending", workflow=workflow, page_token=page_token, limit=limit
+            ).model_dump(mode="json")
+    emit(page, output, columns=DEAD_LETTER_COLUMNS)
+    token = page.get("next_page_token")
+    if token and output is Output.TABLE:
+        note(f"more: --page-token {token}")
+
+
+@dlq_app.command("requeue")
+def dlq_requeue(
+    dead_letter_id: str,
+    reason: Annotated[str, typer.Option(help="Why (audited)")],
+    correlation_id: Annotated[str | None, typer.Option()] = None,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Requeue a dead letter: the run re-runs from its failed point."""
+    with api_client(url, tok) as c:
+        emit(c.requeue(dead_letter_id, reason=reason, correlation_id=correlation_id), output)
