@@ -17,6 +17,7 @@ from typing import Any
 
 import asyncpg
 import pytest
+import structlog
 
 from app.core.settings import AuthMode, Settings
 from app.db.database import Database
@@ -24,6 +25,18 @@ from app.db.migrations import upgrade_to_head
 
 PG_SERVER = os.environ.get("TREADLE_TEST_PG", "postgres@127.0.0.1:5432")
 DEV_SECRET = "test-secret-" + "x" * 40
+
+
+@pytest.fixture(autouse=True)
+def _structlog_defaults() -> Iterator[None]:
+    """Undo a test's ``configure_logging``: it binds the ``sys.stderr`` of that moment.
+
+    A command run through typer's ``CliRunner`` configures logging onto the runner's
+    stream, which is closed once the command returns; a later test logging through the
+    same global configuration would then write to a closed file.
+    """
+    yield
+    structlog.reset_defaults()
 
 
 def pg_url(database: str, driver: str = "postgresql+asyncpg") -> str:
