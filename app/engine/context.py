@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from pydantic import BaseModel
 
 from app.engine import waits
+from app.engine.outcomes import COMPENSATION_SEQ_BASE, Compensation, step_name
 from app.sdk.context import ApprovalDecision, WorkflowContext
 from app.sdk.errors import NondeterminismError
 from app.sdk.retry import DEFAULT_RETRY, RetryPolicy
@@ -20,7 +21,7 @@ from app.sdk.workflow import WorkflowDefinition
 if TYPE_CHECKING:
     from sqlalchemy import RowMapping
 
-    from app.engine.executor import Compensation, RunExecution
+    from app.engine.executor import RunExecution
 
 
 class ReplayContext(WorkflowContext):
@@ -79,8 +80,6 @@ class ReplayContext(WorkflowContext):
         compensate: Callable[[Any], Any] | None = None,
         compensate_retry: RetryPolicy | None = None,
     ) -> Coroutine[Any, Any, Any]:
-        from app.engine.executor import Compensation, step_name
-
         if timeout is not None and timeout <= 0:
             raise ValueError("step timeout must be > 0 seconds")
         try:
@@ -123,8 +122,6 @@ class ReplayContext(WorkflowContext):
         on_cancel_args: tuple[Any, ...] = (),
         on_cancel_retry: RetryPolicy | None = None,
     ) -> Coroutine[Any, Any, Any]:
-        from app.engine.executor import Compensation, step_name
-
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"ctx.transaction needs an async def function, got {fn!r}")
         if timeout is not None and timeout <= 0:
@@ -159,8 +156,6 @@ class ReplayContext(WorkflowContext):
 
     def compensation_step(self, comp: Compensation, result: Any) -> Coroutine[Any, Any, Any]:
         """Journal and run one registered compensation (``<step_id>__compensate``)."""
-        from app.engine.executor import COMPENSATION_SEQ_BASE
-
         step_id = f"{comp.step_id}__compensate"
         seq = COMPENSATION_SEQ_BASE + comp.seq
         entry = self._exec.journal.get(step_id)
@@ -305,8 +300,6 @@ class ReplayContext(WorkflowContext):
         up); nothing there → True, consuming the position and journaling the marker with
         the run's next write (before any later step can be journaled).
         """
-        from app.engine.executor import COMPENSATION_SEQ_BASE
-
         _check_change_id(change_id)
         known = self._patches.get(change_id)
         if known is not None:

@@ -36,7 +36,7 @@ from app.core.status import RunReason
 from app.db.database import Database
 from app.db.queries import tenants as q
 from app.engine.authority import API_KEY_REVOKED_CAUSE, TENANT_SUSPENDED_CAUSE
-from app.engine.executor import Failed
+from app.engine.outcomes import Failed
 
 audit_log = structlog.get_logger("treadle.audit")
 

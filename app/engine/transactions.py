@@ -192,7 +192,7 @@ async def attempt(
 
 
 def _error_info(exc: BaseException) -> dict[str, Any]:
-    from app.engine.executor import error_info
+    from app.engine.outcomes import error_info
 
     return error_info(exc)
 

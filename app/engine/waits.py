@@ -25,7 +25,7 @@ from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
 from app.db.queries import signals as signals_q
 from app.db.queries import steps as steps_q
-from app.engine.executor import PendingWait
+from app.engine.outcomes import PendingWait
 from app.engine.submit import SubmitRequest, insert_prepared
 from app.sdk.context import ApprovalDecision
 from app.sdk.errors import ApprovalRejected, StepFailed, WaitTimedOut

@@ -40,7 +40,8 @@ from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
 from app.engine import slots
 from app.engine.claims import Claimer
-from app.engine.executor import Completed, Failed, Outcome, RunExecution, Suspended
+from app.engine.executor import RunExecution
+from app.engine.outcomes import Completed, Failed, Outcome, Suspended
 from app.engine.registry import Registry
 from app.engine.schedules import Scheduler
 from app.engine.submit import Submitter

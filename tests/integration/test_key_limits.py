@@ -28,7 +28,7 @@ from app.db.queries import runs as runs_q
 from app.db.queries import slots as slots_q
 from app.db.tables import dead_letters, events, runs
 from app.engine import control, slots
-from app.engine.executor import Completed
+from app.engine.outcomes import Completed
 from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
 from app.sdk import (
