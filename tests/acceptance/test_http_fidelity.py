@@ -289,7 +289,8 @@ def test_views_tell_the_truth(stack: Stack) -> None:
         env = {**os.environ, "TREADLE_URL": stack.url, "TREADLE_TOKEN": submitter}
         for args in (
             ["runs", "report", ids["fid-hostile"]],
-            ["runs", "get", ids["fid-hostile"]],
+            ["runs", "get", ids["fid-hostile"]],  # a rich table
+            ["runs", "get", ids["fid-hostile"], "-o", "json"],
         ):
             done = subprocess.run(
                 [sys.executable, "-m", "app.cli.main", *args],
@@ -301,7 +302,7 @@ def test_views_tell_the_truth(stack: Stack) -> None:
             assert done.returncode == 0, done.stderr.decode(errors="replace")
             out = done.stdout.decode("utf-8")
             _assert_safe_text(out, f"treadle {' '.join(args)}")
-            if args[1] == "get":
+            if args[-1] == "json":
                 shown = json.loads(out)  # the escapes sit inside strings: still JSON
                 assert shown["error"]["message"] == hostile["error"]["message"]
 
