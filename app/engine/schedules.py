@@ -208,7 +208,8 @@ def next_tick(
         at = at.astimezone(UTC)
         return at if at > after else None
     after = after.astimezone(UTC)
-    ticks = CronSim(cron, after.astimezone(ZoneInfo(timezone)))
+    zone = ZoneInfo(timezone)
+    ticks = CronSim(cron, _chain_anchor(after, zone))
     for _ in range(_MAX_STALE_TICKS):
         try:
             found = next(ticks).astimezone(UTC)
@@ -219,8 +220,23 @@ def next_tick(
     raise RuntimeError(f"cron {cron!r} in {timezone}: no tick after {after.isoformat()}")
 
 
-# At most the minutes of one repeated hour (plus room) can lie behind the start instant.
-_MAX_STALE_TICKS = 1000
+def _chain_anchor(after: datetime, zone: ZoneInfo) -> datetime:
+    # cronsim reads its start's wall time as a first occurrence, so a start inside or just
+    # before a repeated hour can put it on another chain than a long-running schedule's
+    # (Pacific/Chatham, "45 */2": the fold's second 02:45). Starting from a wall time that
+    # occurs exactly once, hours before (a DST shift is at most 2 h), walks the same chain
+    # a schedule created days earlier walks; ticks up to ``after`` are then skipped.
+    start = after - _ANCHOR_LEAD
+    while True:
+        local = start.astimezone(zone)
+        if local.replace(fold=1 - local.fold).utcoffset() == local.utcoffset():
+            return local
+        start -= timedelta(hours=1)
+
+
+_ANCHOR_LEAD = timedelta(hours=3)
+# At most the minutes between the anchor and the start instant can lie behind it.
+_MAX_STALE_TICKS = 20_000
 
 
 def jitter_offset(schedule_id: uuid.UUID, tick: datetime, jitter_seconds: int) -> float:

@@ -18,7 +18,7 @@ from datetime import UTC, datetime, timedelta
 from zoneinfo import ZoneInfo
 
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from app.core.errors import InvalidInput
@@ -255,6 +255,10 @@ def test_transitions_were_found() -> None:
 
 @settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(where=instants(), cron=st.sampled_from(CRONS))
+# Found by CI: two seconds before Chatham's fall-back, the repeated 02:45 was skipped.
+@example(
+    where=("Pacific/Chatham", datetime(2025, 4, 5, 13, 59, 58, tzinfo=UTC)), cron="45 */2 * * *"
+)
 def test_first_tick_is_after_the_start_and_on_the_long_running_chain(
     where: tuple[str, datetime], cron: str
 ) -> None:
