@@ -34,6 +34,22 @@ from app.engine.waits import resolve_decisions
 from app.engine.wakeup import notify
 
 
+async def _cancel_requested(
+    conn: AsyncConnection, tenant_id: str, run_id: uuid.UUID, actor: str, data: dict[str, Any]
+) -> RowMapping:
+    # After the cancel request is written: its event, a wake-up, the run as it now stands.
+    await events_q.append(
+        conn,
+        run_id=run_id,
+        tenant_id=tenant_id,
+        kind=EventKind.RUN_CANCEL_REQUESTED,
+        actor=actor,
+        data=data,
+    )
+    await notify(conn)
+    return await runs_q.get_run(conn, tenant_id, run_id)
+
+
 async def cancel(
     db: Database,
     *,
@@ -108,32 +124,17 @@ async def _cancel_in(
         # failed; its steps keep their state (a compensation waiting out a retry backoff
         # keeps its due time).
         await runs_q.request_cancel(conn, run_id=run_id, due=not waits)
-        await events_q.append(
-            conn,
-            run_id=run_id,
-            tenant_id=tenant_id,
-            kind=EventKind.RUN_CANCEL_REQUESTED,
-            actor=actor,
-            data={"reason": reason, "while": RunStatus.COMPENSATING.value},
+        return await _cancel_requested(
+            conn, tenant_id, run_id, actor, {"reason": reason, "while": status.value}
         )
-        await notify(conn)
-        return await runs_q.get_run(conn, tenant_id, run_id)
     if not status.is_terminal and await steps_q.has_compensations(conn, run_id):
         # Undo first: a worker claims the run, runs its compensations in reverse
         # order, and only then is it ``cancelled``. A run waiting for a concurrency slot
         # (a requeued one with compensations) waits on, and undoes once admitted.
+        # The run row first, then its steps: the order a worker's checkpoint locks them.
         await runs_q.request_cancel(conn, run_id=run_id, due=not waits)
         await steps_q.cancel_running(conn, run_id)
-        await events_q.append(
-            conn,
-            run_id=run_id,
-            tenant_id=tenant_id,
-            kind=EventKind.RUN_CANCEL_REQUESTED,
-            actor=actor,
-            data={"reason": reason},
-        )
-        await notify(conn)
-        return await runs_q.get_run(conn, tenant_id, run_id)
+        return await _cancel_requested(conn, tenant_id, run_id, actor, {"reason": reason})
     if await runs_q.cancel_run(conn, run_id=run_id, tenant_id=tenant_id):
         await steps_q.cancel_running(conn, run_id)
         await events_q.append(
