@@ -8,6 +8,7 @@ never begin or commit.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import datetime
@@ -35,6 +36,13 @@ def _sqlite_path(url: str) -> Path | None:
     if not database or database == ":memory:":
         return None
     return Path(database)
+
+
+@functools.cache
+def _pool_metrics(pool: str) -> tuple[Any, Any]:
+    # Label children looked up once per pool name, not on every checkout: a checkpoint
+    # checks a connection out per statement, and ``labels()`` takes a lock each time.
+    return metrics.DB_POOL_WAITING.labels(pool), metrics.DB_POOL_WAIT.labels(pool)
 
 
 class Database:
@@ -189,7 +197,7 @@ class Database:
     @contextlib.asynccontextmanager
     async def _connect(self, pool: str) -> AsyncIterator[AsyncConnection]:
         """Check a connection out of ``pool`` (timing the wait), return it on exit."""
-        waiting = metrics.DB_POOL_WAITING.labels(pool)
+        waiting, wait = _pool_metrics(pool)
         waiting.inc()
         started = time.perf_counter()
         try:
@@ -197,7 +205,7 @@ class Database:
             conn = await engine.connect()
         finally:
             waiting.dec()
-            metrics.DB_POOL_WAIT.labels(pool).observe(time.perf_counter() - started)
+            wait.observe(time.perf_counter() - started)
         try:
             yield conn
         finally:
