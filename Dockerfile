@@ -35,7 +35,7 @@ WORKDIR /src
 # in a layer of its own that is reused until pyproject.toml or uv.lock change.
 COPY pyproject.toml uv.lock ./
 RUN --mount=type=cache,target=/root/.cache/uv \
-    uv export --frozen --no-dev --extra postgres --no-emit-project --no-hashes \
+    uv export --frozen --no-dev --extra postgres --extra otel --no-emit-project --no-hashes \
         -o /tmp/requirements.txt \
     && uv venv --python python3 /opt/treadle \
     && uv pip install --python /opt/treadle/bin/python -r /tmp/requirements.txt

@@ -4,6 +4,12 @@
 # Every top-level examples/*.py as a dotted module, for the determinism checker.
 EXAMPLE_MODULES := $(filter-out examples.__init__,$(basename $(subst /,.,$(wildcard examples/*.py))))
 
+# pytest-xdist worker processes for `make test` (docs/adr/0019-test-parallelism.md): 2 suits
+# the 2-core machines CI runs on; `make test PYTEST_WORKERS=0` runs in one process (a failure
+# is easier to read), `auto` takes one per core. loadgroup keeps the tests that share one
+# expensive fixture (the built wheel, the npm install) on one worker.
+PYTEST_WORKERS ?= 2
+
 install:
 	scripts/bootstrap
 
@@ -12,8 +18,9 @@ dev: install
 
 test: install
 	scripts/ensure-postgres
+	scripts/install-chromium
 	$(MAKE) --no-print-directory lint
-	uv run pytest
+	uv run pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
 lint:
 	uv run ruff check .

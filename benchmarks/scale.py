@@ -15,7 +15,7 @@ Then:
   timed 200 times over 16 due runs, each in a transaction rolled back so every iteration
   sees the same table;
 - ``list_p99_ms``: the first page (50) of ``GET /runs`` for the tenant that owns every
-  finished row (:func:`app.db.queries.runs.list_runs`).
+  finished row (:func:`app.db.queries.run_filters.list_runs`).
 
 The bar (DESIGN/issue): no more than 20 % degradation from 10 k to 1 M finished rows.
 """
@@ -34,6 +34,7 @@ from sqlalchemy import text
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.migrations import upgrade_to_head
+from app.db.queries import run_filters as filters_q
 from app.db.queries import runs as runs_q
 from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
@@ -100,15 +101,8 @@ async def _statement_p99(url: str, iterations: int = 200) -> tuple[float, float]
                 assert got, "nothing to claim: the scale benchmark needs due runs"
             async with db.read() as conn:
                 t0 = time.perf_counter()
-                await runs_q.list_runs(
-                    conn,
-                    "bench",
-                    workflow=None,
-                    status=None,
-                    created_after=None,
-                    created_before=None,
-                    before_run_id=None,
-                    limit=50,
+                await filters_q.list_runs(
+                    conn, "bench", filters_q.RunListFilters(), before_run_id=None, limit=50
                 )
                 lists.append((time.perf_counter() - t0) * 1000)
     finally:

@@ -1,17 +1,21 @@
 """Shared fixtures: an isolated, migrated database per test on PostgreSQL and SQLite.
 
 PostgreSQL: one template database is migrated per session; each test gets
-``CREATE DATABASE … TEMPLATE`` of it. SQLite: a migrated template file is copied per test.
+``CREATE DATABASE … TEMPLATE`` of it, made ahead while the previous test runs
+(:class:`PgClones`). SQLite: a migrated template file is copied per test.
 The PostgreSQL server is ``TREADLE_TEST_PG`` (default ``postgres@127.0.0.1:5432``).
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
 import os
 import shutil
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +23,7 @@ import asyncpg
 import pytest
 import structlog
 
+from app.core.logging import STEP_LOGGER
 from app.core.settings import AuthMode, Settings
 from app.db.database import Database
 from app.db.migrations import upgrade_to_head
@@ -33,10 +38,22 @@ def _structlog_defaults() -> Iterator[None]:
 
     A command run through typer's ``CliRunner`` configures logging onto the runner's
     stream, which is closed once the command returns; a later test logging through the
-    same global configuration would then write to a closed file.
+    same global configuration would then write to a closed file. The same goes for the
+    stdlib root handler it installs (and the levels it sets), so they are put back too.
     """
+    root = logging.getLogger()
+    level = root.level
+    step_level = logging.getLogger(STEP_LOGGER).level
     yield
     structlog.reset_defaults()
+    structlog.contextvars.clear_contextvars()
+    # Only the handlers configure_logging installed: pytest's own come and go per phase.
+    for handler in list(root.handlers):
+        if isinstance(handler.formatter, structlog.stdlib.ProcessorFormatter):
+            root.removeHandler(handler)
+    root.setLevel(level)
+    logging.getLogger(STEP_LOGGER).setLevel(step_level)
+    logging.captureWarnings(False)
 
 
 def pg_url(database: str, driver: str = "postgresql+asyncpg") -> str:
@@ -71,22 +88,76 @@ def sqlite_template(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return path
 
 
+class PgClones:
+    """Fresh clones of the template database, the next one made ahead in a thread.
+
+    A clone takes 0.1-1 s of the PostgreSQL server's time (more while other tests write),
+    and every PostgreSQL test needs one before it starts: made while the previous test runs,
+    it is ready when asked for. Each clone is still a new database used by one test only.
+    Drops run on the same thread after the test; a failed clone or drop is raised (in the
+    test that asked for the clone, or when the session closes the pool).
+    """
+
+    def __init__(self, template: str) -> None:
+        self.template = template
+        self._thread = ThreadPoolExecutor(max_workers=1, thread_name_prefix="pg-clones")
+        self._next: Future[str] | None = None
+        self._drops: list[Future[None]] = []
+
+    def _clone(self) -> str:
+        name = f"t_{uuid.uuid4().hex[:16]}"
+        # The server's default strategy (WAL_LOG since PostgreSQL 15) copies the template's
+        # few MB through the WAL; FILE_COPY forces two checkpoints per clone, which flush
+        # every database's dirty pages (docs/adr/0019-test-parallelism.md).
+        asyncio.run(_pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{self.template}"'))
+        return name
+
+    def _drop(self, name: str) -> None:
+        asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+
+    def take(self) -> str:
+        """A new clone's name (waits for the one being made); starts making the next."""
+        made = self._next or self._thread.submit(self._clone)
+        self._next = None
+        name = made.result()
+        self._next = self._thread.submit(self._clone)
+        return name
+
+    def drop(self, name: str) -> None:
+        """Drop clone ``name`` on the pool's thread (its errors surface at :meth:`close`)."""
+        self._drops.append(self._thread.submit(self._drop, name))
+
+    def close(self) -> None:
+        """Drop the clone made ahead, wait for every drop; raise the first failure."""
+        if self._next is not None:
+            with contextlib.suppress(Exception):  # a failed clone left nothing to drop
+                self.drop(self._next.result())
+        self._thread.shutdown(wait=True)
+        for dropped in self._drops:
+            dropped.result()
+
+
+@pytest.fixture(scope="session")
+def pg_clones(pg_template: str) -> Iterator[PgClones]:
+    """The session's :class:`PgClones` of the template (closed before it is dropped)."""
+    clones = PgClones(pg_template)
+    yield clones
+    clones.close()
+
+
 @pytest.fixture
-def make_pg_database(pg_template: str) -> Iterator[Callable[[], str]]:
+def make_pg_database(pg_clones: PgClones) -> Iterator[Callable[[], str]]:
     """Factory of fresh PostgreSQL databases cloned from the template; dropped after."""
     created: list[str] = []
 
     def make() -> str:
-        name = f"t_{uuid.uuid4().hex[:16]}"
-        asyncio.run(
-            _pg_admin(f'CREATE DATABASE "{name}" TEMPLATE "{pg_template}" STRATEGY FILE_COPY')
-        )
+        name = pg_clones.take()
         created.append(name)
         return pg_url(name)
 
     yield make
     for name in created:
-        asyncio.run(_pg_admin(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+        pg_clones.drop(name)
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
@@ -129,3 +200,18 @@ async def db(settings: Settings) -> AsyncIterator[Database]:
     database = Database(settings)
     yield database
     await database.dispose()
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    r"""Make a report's captured output encodable before pytest-xdist sends it.
+
+    Tests feed hostile text (lone surrogates) through loggers on purpose; pytest keeps
+    what they logged in the report's sections, and xdist's UTF-8 channel cannot carry a
+    lone surrogate: the worker crashed with an INTERNALERROR and took the session down.
+    Such characters are shown escaped (``\ud800``), which is what a reader needs.
+    """
+    report.sections = [
+        (title, content.encode("utf-8", "backslashreplace").decode("utf-8"))
+        for title, content in report.sections
+    ]

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import contextlib
-import time
+import inspect
 import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
@@ -13,24 +13,34 @@ from fastapi import FastAPI
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api import problems
+from app.api import docs_pages, problems
+from app.api.access_log import AccessLog
 from app.api.request_guards import BodyReadTimeout, StrictJsonBody
 from app.api.responses import AsciiJSONResponse
 from app.api.routes import (
     admin,
+    approvals,
+    batches,
     dead_letters,
+    events,
     health,
     maintenance,
     metrics,
     migrate,
     run_actions,
+    run_logs,
     runs,
     schedules,
     tenants,
+    webhooks,
+    whoami,
     workflows,
 )
+from app.api.trace_requests import TraceRequests
 from app.auth.authenticator import Authenticator
-from app.core import metrics as core_metrics
+from app.auth.oidc import OidcSignIn
+from app.console import mount as mount_console
+from app.core import tracing
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.migrations import check_schema
@@ -110,39 +120,15 @@ class BodyLimit:
         await response(scope, receive, send)
 
 
-class HttpMetrics:
-    """ASGI middleware: count requests and time them by method, route template and status.
-
-    The route *template* (``/runs/{run_id}``), never the raw path, keeps labels bounded.
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI entry point."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        started = time.perf_counter()
-        status = 500
-
-        async def capture(message: Message) -> None:
-            nonlocal status
-            if message["type"] == "http.response.start":
-                status = int(message["status"])
-            await send(message)
-
-        try:
-            await self.app(scope, receive, capture)
-        finally:
-            route = scope.get("route")
-            template = getattr(route, "path", None) or "unmatched"
-            method = scope.get("method", "GET")
-            core_metrics.HTTP_REQUESTS.labels(method, template, str(status)).inc()
-            core_metrics.HTTP_DURATION.labels(method, template).observe(
-                time.perf_counter() - started
-            )
+# FastAPI 0.16x traces every route itself once a global tracer provider exists; Treadle's
+# traces are its own (app/core/tracing.py: one server span for POST /runs, whose context
+# the run stores), so FastAPI's are turned off where the option exists
+# (docs/adr/0026-traces-as-an-optional-extra.md).
+_NO_NATIVE_TRACING: dict[str, Any] = (
+    {"telemetry": {"tracing": False}}
+    if "telemetry" in inspect.signature(FastAPI.__init__).parameters
+    else {}
+)
 
 
 class RequestId:
@@ -213,11 +199,16 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if check_schema_on_start:
             await check_schema(database)
-        yield
+        app.state.authenticator.start()
+        try:
+            yield
+        finally:
+            await app.state.authenticator.aclose()
         if owns_db:
             await database.dispose()
 
     app = FastAPI(
+        **_NO_NATIVE_TRACING,
         title="Treadle",
         version=API_VERSION,
         summary="Durable workflows as a service.",
@@ -227,6 +218,9 @@ def create_app(
             "`Authorization: Bearer <token>` except the health probes."
         ),
         lifespan=lifespan,
+        # Served by docs_pages from packaged assets: FastAPI's own pages load a CDN.
+        docs_url=None,
+        redoc_url=None,
         default_response_class=AsciiJSONResponse,
         license_info={"name": "Apache-2.0", "identifier": "Apache-2.0"},
         servers=[
@@ -245,10 +239,23 @@ def create_app(
     app.state.authenticator = Authenticator(
         settings, api_keys=app.state.api_keys, tenants=app.state.tenants
     )
+    jwt_verifier = app.state.authenticator.jwt_verifier
+    # The console's OIDC sign-in shares the API's key cache (app.auth.oidc); None unless
+    # TREADLE_OIDC_CLIENT_ID is set (which settings allow in jwt mode only).
+    app.state.oidc_sign_in = (
+        OidcSignIn(settings, jwt_verifier, cookie_secret=settings.console_secret)
+        if settings.oidc_client_id and jwt_verifier is not None
+        else None
+    )
     app.state.on_wake = on_wake
     problems.install(app)
+    docs_pages.install(app)
     app.include_router(runs.router)
     app.include_router(run_actions.router)
+    app.include_router(run_logs.router)
+    app.include_router(batches.router)
+    app.include_router(events.router)
+    app.include_router(approvals.router)
     app.include_router(migrate.router)
     app.include_router(dead_letters.router)
     app.include_router(workflows.router)
@@ -258,6 +265,11 @@ def create_app(
     app.include_router(schedules.router)
     app.include_router(health.router)
     app.include_router(metrics.router)
+    app.include_router(whoami.router)
+    app.include_router(webhooks.router)
+    # The browser console under /ui (pages outside the OpenAPI document): it calls this
+    # same app in-process with each user's own token (docs/console.md).
+    mount_console(app)
     # Innermost first: the JSON check reads a body already bounded in size and time.
     app.add_middleware(StrictJsonBody)
     app.add_middleware(
@@ -266,8 +278,12 @@ def create_app(
         header_limit=settings.max_header_bytes,
     )
     app.add_middleware(BodyReadTimeout, seconds=settings.body_read_timeout_seconds)
-    app.add_middleware(HttpMetrics)
+    # Inside RequestId: each access line carries the request's id from the log context.
+    app.add_middleware(AccessLog)
     app.add_middleware(RequestId)
+    if tracing.ENABLED:
+        # Outermost: the POST /runs span covers authentication and error responses too.
+        app.add_middleware(TraceRequests)
     generate = app.openapi
 
     def openapi() -> dict[str, Any]:

@@ -16,6 +16,7 @@ RUN_OPERATIONS = (
     "get_run_result",
     "list_run_steps",
     "list_run_events",
+    "list_run_logs",
     "get_run_report",
     "cancel_run",
     "send_signal",
@@ -36,6 +37,12 @@ SCHEDULE_OPERATIONS = (
     "list_schedule_fires",
 )
 """Operations under ``/schedules/{schedule_id}``."""
+
+WEBHOOK_OPERATIONS = ("get_webhook", "delete_webhook", "list_webhook_deliveries")
+"""Operations under ``/webhooks/{webhook_id}``."""
+
+EVENT_OPERATIONS = ("get_event",)
+"""Operations under ``/events/{event_id}``."""
 
 
 def links_to(operation_ids: tuple[str, ...], parameter: str) -> dict[str, Any]:

@@ -30,6 +30,7 @@ _STATUS: list[tuple[type[errors.TreadleError], int]] = [
     (errors.Unauthenticated, 401),
     (errors.Forbidden, 403),
     (errors.CeilingExceeded, 422),
+    (errors.TooManyRequests, 429),
     (errors.SchemaVersionMismatch, 503),
     (errors.IdentityProviderUnavailable, 503),
 ]
@@ -90,6 +91,7 @@ _TITLES = {
     413: "Content Too Large",
     415: "Unsupported Media Type",
     422: "Unprocessable Content",
+    429: "Too Many Requests",
     431: "Request Header Fields Too Large",
     500: "Internal Server Error",
     503: "Service Unavailable",
@@ -138,6 +140,8 @@ async def _treadle_error(request: Request, exc: Exception) -> JSONResponse:
         headers = {"WWW-Authenticate": 'Bearer realm="treadle", error="invalid_token"'}
     if status == 503:
         headers = {"Retry-After": "5"}
+    if status == 429:
+        headers = {"Retry-After": str(exc.data.get("retry_after_seconds", 1))}
     return problem(
         status, exc.code, exc.detail, instance=request.url.path, headers=headers, **exc.data
     )

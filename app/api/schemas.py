@@ -5,9 +5,12 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from enum import StrEnum
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, WithJsonSchema
+
+from app.api.log_schemas import LogLine
+from app.core.labels import KEY_PATTERN, MAX_KEY_LENGTH, MAX_LABELS, MAX_VALUE_LENGTH
 
 
 def _printable(value: str) -> str:
@@ -89,25 +92,85 @@ class SubmitRunRequest(BaseModel):
     delay: float | None = Field(
         default=None, ge=0, le=366 * 86400, description="Seconds before the run may start."
     )
+    labels: (
+        Annotated[
+            dict[str, str],
+            # The rules are checked by app/core/labels.py (its messages name each rule);
+            # this schema documents them for generated clients.
+            WithJsonSchema(
+                {
+                    "type": "object",
+                    "maxProperties": MAX_LABELS,
+                    "propertyNames": {"pattern": KEY_PATTERN},
+                    "additionalProperties": {
+                        "type": "string",
+                        "minLength": 1,
+                        "maxLength": MAX_VALUE_LENGTH,
+                    },
+                }
+            ),
+        ]
+        | None
+    ) = Field(
+        default=None,
+        description="Labels to find the run by (`GET /runs?label.<key>=<value>`): at most "
+        f"{MAX_LABELS}; keys 1..{MAX_KEY_LENGTH} characters of `A-Z a-z 0-9 _ . - /` "
+        f"starting with a letter or digit; values 1..{MAX_VALUE_LENGTH} printable "
+        "characters in Unicode NFC without `*`. A workflow adds more with `ctx.set_label`.",
+    )
 
 
-class CancelRunRequest(BaseModel):
+ActionReason = Annotated[
+    str, Field(max_length=1000, json_schema_extra=NO_CONTROL_CHARS), AfterValidator(_printable)
+]
+"""Why an operator acts on a run: at most 1000 printable characters (no control ones)."""
+
+
+class _OptionalReasonRequest(BaseModel):
+    """The optional body of a run action whose only field is an optional ``reason``.
+
+    Cancel and pause take the same body; each subclass adds its own docstring and example
+    (pydantic merges its ``model_config`` over this one).
+    """
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+
+    reason: ActionReason | None = None
+
+
+class CancelRunRequest(_OptionalReasonRequest):
     """Body of ``POST /runs/{run_id}/cancel`` (optional)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"reason": "customer withdrew the order"}]}
+    )
+
+
+class PauseRunRequest(_OptionalReasonRequest):
+    """Body of ``POST /runs/{run_id}/pause`` (optional)."""
+
+    model_config = ConfigDict(
+        json_schema_extra={"examples": [{"reason": "bank adapter outage, INC-4411"}]}
+    )
+
+
+class RerunRequest(BaseModel):
+    """Body of ``POST /runs/{run_id}/rerun``."""
 
     model_config = ConfigDict(
         extra="forbid",
         strict=True,
-        json_schema_extra={"examples": [{"reason": "customer withdrew the order"}]},
+        json_schema_extra={"examples": [{"from_step": "charge#1", "idempotency_key": "fix-77"}]},
     )
 
-    reason: (
-        Annotated[
-            str,
-            Field(max_length=1000, json_schema_extra=NO_CONTROL_CHARS),
-            AfterValidator(_printable),
-        ]
-        | None
-    ) = None
+    from_step: Identifier = Field(
+        description="A journaled step id of the original run (`GET /runs/{id}/steps`): "
+        "the rerun replays every entry before it and executes from it on.",
+    )
+    idempotency_key: Identifier | None = Field(
+        default=None,
+        description="Same key + same rerun returns the same new run (200), as for POST /runs.",
+    )
 
 
 class WaitingOn(BaseModel):
@@ -149,6 +212,11 @@ class Run(BaseModel):
     lease_owner: str | None
     lease_expires_at: datetime | None
     waiting_on: WaitingOn | None
+    labels: dict[str, str] = Field(
+        default_factory=dict,
+        description="The run's labels: those submitted, then those its workflow set with "
+        "`ctx.set_label` (or inherited from its parent).",
+    )
     blocked_reason: str | None = Field(
         description="Why the run cannot start: it waits for a slot of its concurrency key "
         "(`on_limit: queue`), or no live worker registered its version (detail view only)."
@@ -162,6 +230,9 @@ class Run(BaseModel):
         "initial state before the first transition). Detail view only; null otherwise.",
     )
     created_by: str
+    parent_run_id: uuid.UUID | None = Field(
+        default=None, description="The run that started this one as a child (`ctx.child`)."
+    )
     access: Literal["tenant", "owner"] = Field(
         default="tenant",
         description="Who may see the run: any subject of the tenant, or only its submitter.",
@@ -170,6 +241,23 @@ class Run(BaseModel):
         default=False,
         description="Payloads withheld: the run failed its authorization re-check "
         "(reason failure_authorization).",
+    )
+    paused_at: datetime | None = Field(
+        default=None,
+        description="Set while an operator has the run paused (`POST /runs/{id}/pause`): "
+        "it takes no new step and is not claimed until unpaused; `status` keeps what it "
+        "waits on (docs/adr/0021-pause-is-a-flag-beside-the-status.md).",
+    )
+    paused_by: str | None = Field(default=None, description="Who paused the run.")
+    pause_reason: str | None = Field(default=None, description="Why, as given to pause.")
+    rerun_of: uuid.UUID | None = Field(
+        default=None,
+        description="The run this one reruns (`POST /runs/{id}/rerun`), else null.",
+    )
+    rerun_from_step: str | None = Field(
+        default=None,
+        description="The step of the original this rerun executes from; the entries "
+        "before it were copied from the original's journal and replay.",
     )
     created_at: datetime
     updated_at: datetime
@@ -295,6 +383,10 @@ class RunReport(BaseModel):
     events: list[Event]
     events_truncated: bool
     dead_letters: list[DeadLetter]
+    logs: list[LogLine] = Field(
+        default_factory=list, description="The run's last ``logs_limit`` ctx.logger lines."
+    )
+    logs_total: int = Field(default=0, description="Lines the run keeps in all.")
 
 
 class MachineState(BaseModel):
@@ -332,6 +424,13 @@ class QueueControlsView(BaseModel):
     rate_limit: RateLimitView | None
 
 
+class DagNode(BaseModel):
+    """One node of a DAG: its step id and the nodes whose results feed it."""
+
+    name: str = Field(description="The node's name, which is its step id in a run.")
+    after: list[str] = Field(description="Parent nodes (empty for a root, fed the input).")
+
+
 class WorkflowVersion(BaseModel):
     """One registered version of a workflow."""
 
@@ -343,8 +442,22 @@ class WorkflowVersion(BaseModel):
     states: list[MachineState] | None = Field(
         default=None, description="A state machine's states (null for other kinds)."
     )
+    graph: list[DagNode] | None = Field(
+        default=None,
+        description="A DAG's nodes in execution order, each with its parents (null for "
+        "other kinds, and for a DAG not registered again since this field was added).",
+    )
     queue_controls: QueueControlsView = Field(
         description="Per-key limit, global concurrency limit and rate limit it declares."
+    )
+    on_event: str | None = Field(
+        default=None,
+        description="The event name `POST /events` starts it on (when this is the latest "
+        "version), null if none (docs/adr/0029-event-triggers.md).",
+    )
+    event_filter: dict[str, Any] | None = Field(
+        default=None,
+        description="With `on_event`: `{dotted path: value}` exact matches on the event data.",
     )
     first_registered_at: datetime
     last_registered_at: datetime
@@ -508,7 +621,14 @@ class DeadLetterPage(BaseModel):
 
 
 ScopeName = Literal[
-    "runs:write", "runs:read", "runs:cancel", "approvals:write", "signals:write", "admin"
+    "runs:write",
+    "runs:read",
+    "runs:cancel",
+    "approvals:write",
+    "signals:write",
+    "events:write",
+    "webhooks:manage",
+    "admin",
 ]
 TenantName = Annotated[str, Field(min_length=1, max_length=128, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
@@ -521,7 +641,7 @@ class CreateApiKeyRequest(BaseModel):
     name: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_printable)] = Field(
         description="What the key is for (shown in lists)."
     )
-    scopes: list[ScopeName] = Field(min_length=1, max_length=6)
+    scopes: list[ScopeName] = Field(min_length=1, max_length=len(get_args(ScopeName)))
     tenant: TenantName | None = Field(
         default=None, description="The key's tenant; default the caller's."
     )
@@ -655,3 +775,48 @@ class MaintenanceReport(BaseModel):
     started_at: datetime
     duration_seconds: float
     tiers: list[MaintenanceTierReport]
+
+
+class WhoAmI(BaseModel):
+    """``GET /whoami``: the principal the bearer token authenticates as."""
+
+    tenant_id: str
+    subject: str
+    scopes: list[str] = Field(description="Granted scopes, sorted (`admin` implies all).")
+    groups: list[str] = Field(description="Group claims, sorted (approvals may need one).")
+    api_key: bool = Field(description="True when the token is a per-tenant API key.")
+
+
+class RunCounts(BaseModel):
+    """``GET /runs/counts``: how many of the listed runs are in each status."""
+
+    counts: dict[str, int] = Field(
+        description="Every run status, with 0 for those no matching run is in."
+    )
+    total: int
+
+
+class PendingApproval(BaseModel):
+    """One waiting approval the caller may decide (``GET /approvals``)."""
+
+    run_id: uuid.UUID
+    step_id: str
+    name: str = Field(description="The approval's name, as the workflow passed it.")
+    workflow: str
+    version: str
+    group: str | None = Field(description="Group whose members may decide; null: anyone.")
+    payload: Any = Field(description="What the approver is asked about (null if redacted).")
+    approvals_needed: int = Field(description="Approvals the approval needs in all (N of M).")
+    approvals_given: int = Field(description="Approvals recorded so far.")
+    remaining: int = Field(description="Approvals still needed before it is approved.")
+    self_approval: bool = Field(description="Whether the run's submitter may decide it.")
+    submitted_by: str = Field(description="Subject that submitted the run.")
+    deadline: datetime | None = Field(description="When the approval times out (null: never).")
+    waiting_since: datetime
+
+
+class ApprovalPage(BaseModel):
+    """One page of ``GET /approvals``, oldest waiting first."""
+
+    items: list[PendingApproval]
+    next_page_token: str | None = None

@@ -26,6 +26,7 @@ import h11
 import uvicorn
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+from app.api.event_stream import close_streams
 from app.core import json
 from app.core.settings import Settings
 
@@ -145,6 +146,21 @@ def _head_timeout_response(seconds: float) -> bytes:
     return head.encode("ascii") + body
 
 
+class TreadleServer(uvicorn.Server):
+    """uvicorn's server, ending the app's open event streams when it begins to shut down.
+
+    uvicorn's graceful shutdown waits for open responses to finish; an SSE stream
+    (``GET /runs/{run_id}/events?follow=true``) would never finish on its own and hold
+    the shutdown for ``timeout_graceful_shutdown``. Each stream sends a last comment and
+    ends instead; its client resumes with ``Last-Event-ID`` on another server.
+    """
+
+    async def shutdown(self, sockets: list[Any] | None = None) -> None:
+        """End the event streams, then shut down as uvicorn does."""
+        close_streams(self.config.app)
+        await super().shutdown(sockets=sockets)
+
+
 def bounded_h11(header_seconds: float, body_seconds: float) -> type[BoundedH11Protocol]:
     """A :class:`BoundedH11Protocol` class with these bounds (seconds, > 0)."""
     return type(
@@ -176,6 +192,10 @@ def server_config(
         app,
         host=settings.host,
         port=settings.port,
+        # No logging config of uvicorn's own: its loggers propagate to the one handler
+        # app.core.logging installs (JSON when asked), and the access line is the app's
+        # (app/api/access_log.py), with the route template and the request id.
+        log_config=None,
         log_level="warning",
         access_log=False,
         timeout_graceful_shutdown=graceful_shutdown_seconds,

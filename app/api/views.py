@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 from sqlalchemy import RowMapping
 
 from app.api import schemas
+from app.api.log_schemas import LogLine
 from app.core import json
 from app.core.status import EventKind, RunReason
-from app.core.text import printable
+from app.core.text import human_duration, printable
+from app.db.queries import run_labels as labels_q
 from app.db.queries.steps import step_reason
 
 # Events whose data never holds a payload: kept on a redacted run so the timeline still
@@ -85,12 +88,19 @@ def run_view(
         lease_owner=row["lease_owner"],
         lease_expires_at=row["lease_expires_at"],
         waiting_on=waiting,
+        labels=labels_q.decode(row.get("labels")),
         blocked_reason=blocked or row["blocked_reason"],
         step_counts=step_counts,
         state=None if state is None else schemas.RunState.model_validate(state),
         created_by=row["created_by"],
+        parent_run_id=row.get("parent_run_id"),
         access=row["access"],
         redacted=redacted,
+        paused_at=row.get("paused_at"),
+        paused_by=row.get("paused_by"),
+        pause_reason=row.get("pause_reason"),
+        rerun_of=row.get("rerun_of"),
+        rerun_from_step=row.get("rerun_from_step"),
         created_at=row["created_at"],
         updated_at=row["updated_at"],
         started_at=row["started_at"],
@@ -166,14 +176,51 @@ def _short(value: Any, limit: int = 120) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
 
 
-def render_report_text(report: schemas.RunReport) -> str:
-    r"""Render the operator's report as four plain-text sections for a terminal.
+def _run_duration(run: schemas.Run, now: datetime) -> str:
+    # From submission, so time queued and waiting counts: what the run took for its client.
+    if run.finished_at is not None:
+        took = (run.finished_at - run.created_at).total_seconds()
+        return f"duration     {human_duration(max(took, 0.0))} (created to finished)"
+    so_far = (now - run.created_at).total_seconds()
+    return f"duration     {human_duration(max(so_far, 0.0))} so far (created to this report)"
 
-    Sections: RUN, STEPS, TIMELINE, DEAD LETTERS. Times are UTC ISO 8601. Every line
-    goes through :func:`app.core.text.printable`: whatever a message, step name or
-    payload holds (a lone surrogate, NUL, a line break, ESC, an RTL override) shows as a
-    ``\uXXXX`` escape inside its line, so the text always encodes as UTF-8 and no value
-    can forge a line or a section.
+
+def log_view(row: RowMapping, redacted: bool = False) -> LogLine:
+    """Build a :class:`LogLine` from a ``run_logs`` row.
+
+    ``redacted`` (see :func:`is_redacted`) withholds the message and fields, which handler
+    code fills from the run's payloads; the time, level, step and attempt stay, so the run's
+    story keeps its shape.
+    """
+    return LogLine(
+        seq=row["seq"],
+        at=row["at"],
+        level=row["level"],
+        message=None if redacted else json.loads(row["message"]),
+        fields=None if redacted or row["fields"] is None else json.loads(row["fields"]),
+        step_id=row["step_id"],
+        attempt=row["attempt"],
+    )
+
+
+def _log_text(line: LogLine) -> str:
+    where = f" [{line.step_id}#{line.attempt}]" if line.step_id is not None else ""
+    if line.message is None:
+        return f"{line.at.isoformat()}  {line.level:<8}{where} (message withheld: run redacted)"
+    fields = f" {_short(line.fields)}" if line.fields else ""
+    return f"{line.at.isoformat()}  {line.level:<8}{where} {_short(line.message, 500)}{fields}"
+
+
+def render_report_text(report: schemas.RunReport) -> str:
+    r"""Render the operator's report as five plain-text sections for a terminal.
+
+    Sections: RUN, STEPS, TIMELINE, LOGS (the last ``ctx.logger`` lines), DEAD LETTERS.
+    Times are UTC ISO 8601, durations in human units (:func:`app.core.text.human_duration`);
+    the run's ``claims`` (how many times a worker took it) are named apart from a step's
+    ``attempt n/max``. Every line goes through :func:`app.core.text.printable`: whatever a
+    message, step name or payload holds (a lone surrogate, NUL, a line break, ESC, an RTL
+    override) shows as a ``\uXXXX`` escape inside its line, so the text always encodes as
+    UTF-8 and no value can forge a line or a section.
     """
     r = report.run
     lines = [
@@ -183,10 +230,12 @@ def render_report_text(report: schemas.RunReport) -> str:
         f"run_id       {r.run_id}",
         f"workflow     {r.workflow} (version {r.version})",
         f"status       {r.status}" + (f" ({r.reason})" if r.reason else ""),
-        f"attempt      {r.attempt}",
+        # The run's claims, not a step's attempts (those are "attempt n/max" per step).
+        f"claims       {r.attempt} (executions: times a worker took the run)",
         f"created      {r.created_at.isoformat()} by {r.created_by}",
         f"started      {r.started_at.isoformat() if r.started_at else '-'}",
         f"finished     {r.finished_at.isoformat() if r.finished_at else '-'}",
+        _run_duration(r, report.generated_at),
         f"lease        {r.lease_owner or '-'}"
         + (f" until {r.lease_expires_at.isoformat()}" if r.lease_expires_at else ""),
     ]
@@ -195,8 +244,16 @@ def render_report_text(report: schemas.RunReport) -> str:
         lines.append(
             f"waiting on   {r.waiting_on.kind} {r.waiting_on.name or ''} (deadline {deadline})"
         )
+    if r.labels:
+        # Label text is printable by rule (app/core/labels.py): safe on one line.
+        lines.append("labels       " + ", ".join(f"{k}={v}" for k, v in sorted(r.labels.items())))
     if r.blocked_reason:
         lines.append(f"blocked      {r.blocked_reason}")
+    if r.paused_at is not None:
+        why = f": {r.pause_reason}" if r.pause_reason else ""
+        lines.append(f"paused       {r.paused_at.isoformat()} by {r.paused_by}{why}")
+    if r.rerun_of is not None:
+        lines.append(f"rerun of     {r.rerun_of} from step {r.rerun_from_step}")
     if r.compacted_at is not None:
         lines.append(f"compacted    {r.compacted_at.isoformat()} (payloads cleared by maintenance)")
     if r.state is not None:
@@ -212,7 +269,7 @@ def render_report_text(report: schemas.RunReport) -> str:
     if not report.steps:
         lines.append("(none)")
     for s in report.steps:
-        duration = f"{s.duration_ms:.1f} ms" if s.duration_ms is not None else "-"
+        duration = human_duration(s.duration_ms / 1000) if s.duration_ms is not None else "-"
         position = "undo" if s.kind == "compensation" else str(s.seq)
         # How it ended, unless plainly: a cancel's or a rejection's reason is news.
         ended = f"  ({s.reason})" if s.reason and s.reason != s.status else ""
@@ -224,6 +281,9 @@ def render_report_text(report: schemas.RunReport) -> str:
             lines.append(
                 f"      error: {s.error.get('type', 'Error')}: {_short(s.error.get('message', ''))}"
             )
+            if s.error.get("not_retried"):
+                # The RetryPolicy rule that stopped the retries (app/sdk/retry.py).
+                lines.append(f"      not retried: {_short(s.error['not_retried'])}")
         if s.kind != "step" and s.status == "waiting":
             deadline = s.deadline.isoformat() if s.deadline else "none"
             lines.append(f"      waiting on {s.kind} (deadline {deadline})")
@@ -240,6 +300,11 @@ def render_report_text(report: schemas.RunReport) -> str:
         step = f" [{e.step_id}]" if e.step_id else ""
         data = f" {_short(e.data)}" if e.data else ""
         lines.append(f"{e.at.isoformat()}  {e.kind}{step}{who}{data}")
+    shown = f"last {len(report.logs)} of " if len(report.logs) < report.logs_total else ""
+    lines += ["", f"== LOGS ({shown}{report.logs_total} lines) =="]
+    if not report.logs:
+        lines.append("(none)")
+    lines += [_log_text(line) for line in report.logs]
     lines += ["", f"== DEAD LETTERS ({len(report.dead_letters)}) =="]
     if not report.dead_letters:
         lines.append("(none)")

@@ -86,6 +86,21 @@ class Authenticator:
         self._api_keys = api_keys
         self._tenants = tenants
 
+    @property
+    def jwt_verifier(self) -> JwtVerifier | None:
+        """The JWT verifier (jwt mode) whose key cache the console's OIDC sign-in shares."""
+        return self._jwt
+
+    def start(self) -> None:
+        """Start the background JWKS refresh (jwt mode; call inside the running loop)."""
+        if self._jwt is not None:
+            self._jwt.source.start()
+
+    async def aclose(self) -> None:
+        """Stop the background JWKS refresh (idempotent)."""
+        if self._jwt is not None:
+            await self._jwt.source.aclose()
+
     async def authenticate(self, token: str) -> Principal:
         """Return the token's principal, provided its tenant may act.
 

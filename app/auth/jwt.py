@@ -1,23 +1,30 @@
 """JWT bearer tokens from an identity provider, verified with joserfc against a JWKS.
 
+The JWKS comes from an OpenID Connect issuer by discovery, a URL or a file; the provider
+is reached through authlib (ADR 0018).
+
 Rules (RFC 7519, RFC 8725 "JWT best current practices"): the algorithm must be in the
 allow-list (``none`` and HS* never are, which also closes HS/RS key confusion); the key is
-chosen by ``kid`` from the provider's JWKS, fetched from a URL (the last good set cached; an
-unknown ``kid`` triggers a refresh at most every ``TREADLE_JWKS_REFRESH_MIN_SECONDS``) or read
-from a file; keys that cannot be loaded are a 503, not a 401 (:class:`JwksSource`);
-``iss``, ``aud`` and ``exp`` are required, ``nbf``/``iat`` honoured, all with leeway.
+chosen by ``kid`` from the provider's JWKS, fetched from the issuer's ``jwks_uri`` or a URL
+(the last good set cached, refreshed in the background; an unknown ``kid`` triggers a refresh at
+most every ``TREADLE_JWKS_REFRESH_MIN_SECONDS``) or read from a file; keys that cannot be
+loaded are a 503, not a 401 (:class:`JwksSource`); ``iss``, ``aud`` and ``exp`` are required,
+``nbf``/``iat`` honoured, all with leeway.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
 import time
+import warnings
 from typing import Any
 
 import httpx
 import structlog
+from authlib.oidc.discovery import get_well_known_url
 from joserfc import jws, jwt
 from joserfc.errors import InvalidKeyIdError, JoseError
 from joserfc.jwk import KeySet
@@ -27,15 +34,31 @@ from app.core.errors import IdentityProviderUnavailable, Unauthenticated
 from app.core.ids import is_tenant_id
 from app.core.settings import Settings
 
+with warnings.catch_warnings():
+    # authlib 1.9.10 warns on import that it prefers httpx2; it still supports httpx, which
+    # Treadle uses everywhere (ADR 0018). Imported here only, so the warning never prints.
+    warnings.filterwarnings("ignore", message="The httpx module is deprecated")
+    from authlib.integrations.httpx_client import AsyncOAuth2Client
+
+__all__ = ["AsyncOAuth2Client", "JwksSource", "JwtVerifier"]
+
 log = structlog.get_logger("treadle.auth")
 
 
 class JwksSource:
-    """The provider's keys: a JWKS file, or a URL fetched with httpx and cached.
+    """The provider's keys: an OIDC issuer's (by discovery), a JWKS URL's, or a file's.
+
+    With ``TREADLE_OIDC_ISSUER`` the issuer's ``/.well-known/openid-configuration``
+    (OpenID Connect Discovery 1.0) is read once, its ``issuer`` must be the configured one
+    (section 4.3) and its ``jwks_uri`` gives the keys; the console's sign-in
+    (:mod:`app.auth.oidc`) reads its endpoints from the same document. Every request to
+    the provider goes through authlib's httpx client (``AsyncOAuth2Client``); the key set
+    is parsed by joserfc, which authlib itself uses for JOSE.
 
     The last key set that loaded is kept for as long as the process runs: a provider that
-    goes down does not take valid tokens with it. A fetch happens on first use and, for an
-    unknown ``kid`` (key rotation), at most every ``TREADLE_JWKS_REFRESH_MIN_SECONDS``;
+    goes down does not take valid tokens with it. A fetch happens on first use, every
+    ``TREADLE_JWKS_REFRESH_INTERVAL_SECONDS`` in the background (:meth:`start`), and, for
+    an unknown ``kid`` (key rotation), at most every ``TREADLE_JWKS_REFRESH_MIN_SECONDS``;
     while no key set has loaded yet, a failed fetch is retried at most once a second.
     Concurrent callers share one fetch. When the keys needed to check a token cannot be
     had (nothing loaded yet, or the refresh an unknown ``kid`` asked for failed), the
@@ -43,20 +66,23 @@ class JwksSource:
     token may be perfectly valid (docs/security.md).
 
     Args:
-        settings: ``jwt_jwks_url`` / ``jwt_jwks_file`` and the refresh rate limit.
-        client: HTTP client for the URL (tests pass one bound to a local server).
+        settings: ``oidc_issuer`` / ``jwt_jwks_url`` / ``jwt_jwks_file``, the refresh rate
+            limit and the background interval.
     """
 
-    def __init__(self, settings: Settings, client: httpx.AsyncClient | None = None) -> None:
+    def __init__(self, settings: Settings) -> None:
+        self._issuer = settings.oidc_issuer
         self._url = settings.jwt_jwks_url
         self._file = settings.jwt_jwks_file
         self._min_interval = settings.jwks_refresh_min_seconds
+        self._interval = settings.jwks_refresh_interval_seconds
         self._retry_interval = min(self._min_interval, _FAILED_RETRY_SECONDS)
-        self._client = client
         self._keys: KeySet | None = None
+        self._metadata: dict[str, Any] | None = None
         self._attempted_at = -math.inf  # monotonic end of the last fetch attempt
         self._last_ok = False
         self._lock = asyncio.Lock()
+        self._task: asyncio.Task[None] | None = None
 
     async def keys(self, *, refresh: bool = False) -> KeySet:
         """The current key set; ``refresh`` re-fetches unless one happened very recently.
@@ -80,38 +106,120 @@ class JwksSource:
                 )
             return self._keys
 
+    async def metadata(self) -> dict[str, Any]:
+        """The issuer's discovery document (``TREADLE_OIDC_ISSUER`` only), read once.
+
+        Raises:
+            IdentityProviderUnavailable: it cannot be read yet, or is not the issuer's.
+            RuntimeError: no ``TREADLE_OIDC_ISSUER`` is configured.
+        """
+        if self._issuer is None:
+            raise RuntimeError("TREADLE_OIDC_ISSUER is not set")
+        if self._metadata is None:
+            async with self._lock:
+                if self._metadata is None:
+                    try:
+                        await self._discover()
+                    except _FETCH_ERRORS as exc:
+                        self._log_failure("OIDC discovery failed", exc)
+                        raise IdentityProviderUnavailable(
+                            "the identity provider's discovery document cannot be read; "
+                            "retry shortly"
+                        ) from None
+        assert self._metadata is not None
+        return self._metadata
+
+    async def refresh(self) -> bool:
+        """Fetch the key set now, whatever the rate limit; True if it loaded.
+
+        The background refresh calls this; a failure keeps the last good set.
+        """
+        async with self._lock:
+            await self._fetch()
+            return self._last_ok
+
+    def start(self) -> None:
+        """Start the background refresh (URL or issuer, interval > 0; call in a loop).
+
+        The first fetch happens at once, so the keys are usually loaded before the first
+        token arrives; a failure there is only logged (requests retry it themselves).
+        """
+        if self._task is None and self._file is None and self._interval > 0:
+            self._task = asyncio.create_task(self._refresh_forever(), name="jwks-refresh")
+
+    async def aclose(self) -> None:
+        """Stop the background refresh (idempotent)."""
+        task, self._task = self._task, None
+        if task is not None:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def _refresh_forever(self) -> None:
+        while True:
+            await self.refresh()
+            # A schedule, not a wait for something: the provider gives no change signal.
+            await asyncio.sleep(self._interval)
+
     async def _fetch(self) -> None:
         try:
             self._keys = KeySet.import_key_set(await self._read())
             self._last_ok = True
-        except (OSError, ValueError, TypeError, KeyError, httpx.HTTPError, JoseError) as exc:
+        except _FETCH_ERRORS as exc:
             # Keep serving the last good key set; say why in the log only.
             self._last_ok = False
-            log.warning(
-                "JWKS fetch failed",
-                source=self._url or str(self._file),
-                error=f"{type(exc).__name__}: {exc}"[:300],
-                cached_keys=self._keys is not None,
-            )
+            self._log_failure("JWKS fetch failed", exc)
         finally:
             self._attempted_at = time.monotonic()
+
+    def _log_failure(self, event: str, exc: BaseException) -> None:
+        log.warning(
+            event,
+            source=self._issuer or self._url or str(self._file),
+            error=f"{type(exc).__name__}: {exc}"[:300],
+            cached_keys=self._keys is not None,
+        )
+
+    async def _discover(self) -> None:
+        assert self._issuer is not None
+        document = await self._get_json(get_well_known_url(self._issuer, external=True))
+        if not isinstance(document, dict):
+            raise ValueError("the discovery document is not a JSON object")
+        # OIDC Discovery 1.0, section 4.3: the issuer in the document must be exactly the
+        # one configured, or a document served elsewhere could vouch for other keys.
+        if document.get("issuer") != self._issuer:
+            raise ValueError(
+                f"the discovery document's issuer {document.get('issuer')!r} is not "
+                f"TREADLE_OIDC_ISSUER {self._issuer!r}"
+            )
+        if not isinstance(document.get("jwks_uri"), str):
+            raise ValueError("the discovery document has no jwks_uri")
+        self._metadata = document
 
     async def _read(self) -> Any:
         if self._file is not None:
             return json.loads(self._file.read_text())
+        if self._issuer is not None:
+            if self._metadata is None:
+                await self._discover()
+            assert self._metadata is not None
+            return await self._get_json(self._metadata["jwks_uri"])
         assert self._url is not None
-        client = self._client or httpx.AsyncClient(timeout=5.0)
-        try:
-            response = await client.get(self._url)
-            response.raise_for_status()
-            return response.json()
-        finally:
-            if self._client is None:
-                await client.aclose()
+        return await self._get_json(self._url)
+
+    async def _get_json(self, url: str) -> Any:
+        async with AsyncOAuth2Client(timeout=_HTTP_TIMEOUT_SECONDS) as client:
+            # Public documents: no OAuth token is sent (there is none to send).
+            response = await client.request("GET", url, withhold_token=True)
+        response.raise_for_status()
+        return response.json()
 
 
 # While no key set has loaded yet, a failed fetch is retried at most this often.
 _FAILED_RETRY_SECONDS = 1.0
+# One request to the provider (connect, read): a token check waits at most this long.
+_HTTP_TIMEOUT_SECONDS = 5.0
+_FETCH_ERRORS = (OSError, ValueError, TypeError, KeyError, httpx.HTTPError, JoseError)
 
 
 class JwtVerifier:
@@ -146,6 +254,24 @@ class JwtVerifier:
                 tenant. The detail says which, for the log; the client never sees it.
             IdentityProviderUnavailable: the keys needed to check it cannot be loaded.
         """
+        decoded = await self.decode(token)
+        try:
+            self._claims.validate(decoded.claims)
+        except (JoseError, ValueError) as exc:
+            raise Unauthenticated(f"invalid token: {exc}") from exc
+        return self._principal(decoded.claims)
+
+    async def decode(self, token: str) -> jwt.Token:
+        """Check ``token``'s form, algorithm and signature; its claims are not checked.
+
+        The key is the JWKS's of the token's ``kid``; an unknown ``kid`` refreshes the
+        set once (rate-limited). The console's OIDC sign-in checks id_tokens with this
+        and its own claim rules (:mod:`app.auth.oidc`).
+
+        Raises:
+            Unauthenticated: malformed, algorithm not allowed, unknown key, bad signature.
+            IdentityProviderUnavailable: the keys needed to check it cannot be loaded.
+        """
         try:
             header = jws.extract_compact(token.encode("ascii")).headers()
         except (JoseError, ValueError, UnicodeError) as exc:
@@ -156,18 +282,12 @@ class JwtVerifier:
         keys = await self.source.keys()
         try:
             try:
-                decoded = jwt.decode(
-                    token, keys, algorithms=self.algorithms, registry=self._registry
-                )
+                return jwt.decode(token, keys, algorithms=self.algorithms, registry=self._registry)
             except InvalidKeyIdError:
                 keys = await self.source.keys(refresh=True)  # the provider rotated its keys
-                decoded = jwt.decode(
-                    token, keys, algorithms=self.algorithms, registry=self._registry
-                )
-            self._claims.validate(decoded.claims)
+                return jwt.decode(token, keys, algorithms=self.algorithms, registry=self._registry)
         except (JoseError, ValueError) as exc:
             raise Unauthenticated(f"invalid token: {exc}") from exc
-        return self._principal(decoded.claims)
 
     def _principal(self, claims: dict[str, Any]) -> Principal:
         s = self.settings

@@ -15,6 +15,9 @@ class Scope(StrEnum):
     RUNS_CANCEL = "runs:cancel"
     APPROVALS_WRITE = "approvals:write"
     SIGNALS_WRITE = "signals:write"
+    EVENTS_WRITE = "events:write"
+    # Register, list and delete webhook endpoints, read their delivery logs.
+    WEBHOOKS_MANAGE = "webhooks:manage"
     ADMIN = "admin"
 
 

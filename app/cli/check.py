@@ -6,11 +6,12 @@ import json
 import os
 import sys
 from enum import StrEnum
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
-from app.sdk.check import RULES, CheckError, Finding, check_module
+if TYPE_CHECKING:
+    from app.sdk.check import Finding
 
 
 class OutputFormat(StrEnum):
@@ -39,6 +40,10 @@ def check(
     Codes: TRD101 clock, TRD102 randomness, TRD103 sleep, TRD104 file system, TRD105
     process, TRD106 network, TRD107 environment, TRD108 threading.
     """
+    # Imported here, not at the top: app.sdk brings SQLAlchemy's asyncio layer, and every
+    # other `treadle` command (serve, worker, token, runs …) would pay for it at start.
+    from app.sdk.check import RULES, CheckError, check_module
+
     # Dotted names resolve from the working directory, as `treadle worker --handlers` do.
     if os.getcwd() not in sys.path:
         sys.path.insert(0, os.getcwd())

@@ -19,13 +19,17 @@ from contextlib import contextmanager
 from datetime import UTC, datetime
 from enum import IntEnum, StrEnum
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 
 import typer
 from pydantic import BaseModel
 
-from app.client import TreadleAPIError, TreadleClient, TreadleUnreachable
 from app.core.text import printable
+
+if TYPE_CHECKING:
+    # Imported where used: app.client (httpx, its pydantic models) is the API commands'
+    # alone, and `treadle serve` / `treadle worker` import this module too.
+    from app.client import TreadleAPIError, TreadleClient
 
 
 class ExitCode(IntEnum):
@@ -86,6 +90,8 @@ def api_client(url: str, tok: str | None) -> Iterator[TreadleClient]:
 
     :class:`TreadleUnreachable` exits 3, any other :class:`TreadleAPIError` exits 1.
     """
+    from app.client import TreadleAPIError, TreadleClient, TreadleUnreachable
+
     if not tok:
         fail("no token: pass --token or set TREADLE_TOKEN (dev: `treadle token`)")
     try:
@@ -213,3 +219,15 @@ def emit(
         print_record(plain, title)
         return
     typer.echo(_cell(plain))  # _cell escapes what a terminal cannot show
+
+
+def emit_page(page: dict[str, Any], output: Output, *, columns: Sequence[str]) -> None:
+    """Print one page of a list (``items`` + ``next_page_token``) as ``output``.
+
+    As :func:`emit`, plus, in a table, a hint on stderr with the ``--page-token`` that
+    continues the list (JSON has ``next_page_token`` in it already).
+    """
+    emit(page, output, columns=columns)
+    token = page.get("next_page_token")
+    if token and output is Output.TABLE:
+        note(f"more: --page-token {token}")

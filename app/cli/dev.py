@@ -4,15 +4,17 @@ from __future__ import annotations
 
 import asyncio
 import signal
+from collections.abc import Sequence
 
 import typer
-import uvicorn
 
 from app.api.app import create_app
-from app.api.server import server_config
+from app.api.server import TreadleServer, server_config
 from app.auth.dev import DevTokens, dev_secret
 from app.auth.principal import ALL_SCOPES
-from app.cli.ready import safe_database_url
+from app.cli.ready import base_url, safe_database_url
+from app.console.settings import console_config
+from app.core import tracing
 from app.core.logging import configure_logging
 from app.core.settings import Settings
 from app.db.database import Database
@@ -24,9 +26,18 @@ from app.worker.worker import Worker
 GRACEFUL_SHUTDOWN_SECONDS = 5
 
 
-async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
-    """Migrate, then serve the API and run a worker in this process until Ctrl-C."""
+async def run_dev(
+    settings: Settings, handler_modules: list[str], approver_groups: Sequence[str] = ()
+) -> None:
+    """Migrate, then serve the API and run a worker in this process until Ctrl-C.
+
+    Prints two dev tokens: ``TREADLE_TOKEN`` (subject ``dev``, every scope) and, when
+    ``approver_groups`` is not empty, one for subject ``approver`` in those groups, so
+    one person can start a run as ``dev`` and decide its approval as someone else (the
+    API refuses self-approval by default).
+    """
     configure_logging(settings)
+    tracing.setup("treadle")  # API and worker in one process: one service
     # Handlers first: a typo in --handlers is reported before the database is touched.
     registry = Registry.from_modules(handler_modules)
     await migrate(settings.database_url)
@@ -34,15 +45,30 @@ async def run_dev(settings: Settings, handler_modules: list[str]) -> None:
     worker = Worker(settings, db, registry)
     api = create_app(settings, db=db, on_wake=worker.wake)
     config = server_config(api, settings, graceful_shutdown_seconds=GRACEFUL_SHUTDOWN_SECONDS)
-    server = uvicorn.Server(config)
+    server = TreadleServer(config)
     token = DevTokens(dev_secret(settings)).mint(
         tenant_id="default", subject="dev", scopes=ALL_SCOPES
     )
-    url = f"http://{settings.host}:{settings.port}"
+    approver = (
+        DevTokens(dev_secret(settings)).mint(
+            tenant_id="default", subject="approver", scopes=ALL_SCOPES, groups=approver_groups
+        )
+        if approver_groups
+        else None
+    )
+    url = base_url(settings.host, settings.port)
+    # Generated now (dev mode), so the console's first page load does not have to.
+    console_config(settings)
     typer.echo(f"Treadle dev server on {url} (database {safe_database_url(settings.database_url)})")
     typer.echo(f"workflows: {', '.join(f'{n}@{v}' for n, v in registry.keys)}")
+    typer.echo(f"console: {url}/ui/ (sign in with the TREADLE_TOKEN below)")
     typer.echo(f"export TREADLE_URL={url}")
     typer.echo(f"export TREADLE_TOKEN={token}")
+    if approver is not None:
+        typer.echo(
+            f"approver token (subject approver, groups {', '.join(approver_groups)}; "
+            f"sign in with it in a second browser to decide approvals): {approver}"
+        )
 
     loop = asyncio.get_running_loop()
 

@@ -11,14 +11,16 @@ from enum import StrEnum
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any, NoReturn, TypeVar
 
-import httpx
 import typer
 
+from app.cli.batches import batches_app
 from app.cli.check import check as check_command
 from app.cli.common import ExitCode
+from app.cli.events import events_app
 from app.cli.runs import dlq_app, runs_app
 from app.cli.schedules import schedules_app
 from app.cli.tenants import tenants_app
+from app.cli.webhooks import webhooks_app
 from app.core.settings import AuthMode, Settings, format_settings_error
 from app.core.text import printable
 from app.core.version import treadle_version
@@ -65,7 +67,10 @@ maintenance_app = typer.Typer(
 app.add_typer(maintenance_app, name="maintenance")
 
 app.add_typer(schedules_app, name="schedules")
+app.add_typer(batches_app, name="batches")
+app.add_typer(events_app, name="events")
 app.add_typer(tenants_app, name="tenants")
+app.add_typer(webhooks_app, name="webhooks")
 
 EXAMPLE_HANDLERS = [
     "examples.orders",
@@ -73,6 +78,7 @@ EXAMPLE_HANDLERS = [
     "examples.order_total",
     "examples.nightly_report",
     "examples.document_flow",
+    "examples.agent_loop",
 ]
 
 
@@ -161,11 +167,15 @@ def serve(
     """
     from app.api.app import create_app
     from app.api.server import server_config
-    from app.cli.ready import AnnouncingServer, serve_line
+    from app.cli.ready import AnnouncingServer, console_note, serve_line
+    from app.core import tracing
     from app.core.logging import configure_logging
 
     settings = load_settings(host=host, port=port)
     configure_logging(settings)
+    # Traces when the OTEL_* variables ask (docs/operations.md#traces), before create_app
+    # decides whether to install the request span middleware.
+    tracing.setup("treadle-api")
     require_chosen_auth(settings, "serve")
     registered: list[str] = []
     # A clear one-line refusal instead of a lifespan traceback.
@@ -173,9 +183,18 @@ def serve(
     api = create_app(settings)
     # Long-polls may wait minutes: on SIGTERM give them 5 s, then close (clients retry).
     config = server_config(api, settings, graceful_shutdown_seconds=5)
-    line = serve_line(settings.host, settings.port, settings.database_url, registered)
+    line = serve_line(
+        settings.host,
+        settings.port,
+        settings.database_url,
+        registered,
+        console_note(settings),
+    )
     server = AnnouncingServer(config, line)
-    server.run()
+    try:
+        server.run()
+    finally:
+        tracing.shutdown()  # export what the batch processor still holds
     if not server.started:  # e.g. the port is taken: uvicorn logged why
         raise typer.Exit(ExitCode.FAILED)
 
@@ -206,6 +225,7 @@ def worker(
 ) -> None:
     """Run a worker executing the workflows defined in ``--handlers`` modules."""
     from app.cli.ready import worker_line
+    from app.core import tracing
     from app.core.logging import configure_logging
     from app.worker.worker import Worker, run_worker
 
@@ -216,15 +236,19 @@ def worker(
 
         raise typer.Exit(worker_check(settings, handlers))
     configure_logging(settings)
+    tracing.setup("treadle-worker")
 
     def ready(w: Worker) -> None:
         keys = [f"{n}@{v}" for n, v in w.registry.keys]
         typer.echo(worker_line(w.worker_id, settings.database_url, keys, w.concurrency))
 
-    _run(
-        run_worker(settings, handlers, concurrency, metrics_port, on_ready=ready),
-        uvloop_if_available=True,
-    )
+    try:
+        _run(
+            run_worker(settings, handlers, concurrency, metrics_port, on_ready=ready),
+            uvloop_if_available=True,
+        )
+    finally:
+        tracing.shutdown()
 
 
 def require_local_dev(settings: Settings, command: str) -> None:
@@ -251,12 +275,15 @@ def require_chosen_auth(settings: Settings, command: str) -> None:
     if refusal is not None:
         _fail(f"refusing `treadle {command}`: {refusal}")
     if settings.auth_mode == AuthMode.DEV and not settings.is_sqlite:
+        import structlog
+
         where = make_url(settings.database_url).render_as_string(hide_password=True)
-        typer.secho(
-            f"WARNING: dev-mode tokens on {where}: anyone holding the dev secret can act "
-            "as any tenant with any scope. For local testing only.",
-            fg=typer.colors.YELLOW,
-            err=True,
+        # A log line (the caller configured logging): with TREADLE_LOG_FORMAT=json the
+        # process's stderr stays one JSON object per line.
+        structlog.get_logger("treadle.auth").warning(
+            "dev-mode tokens outside the embedded database: anyone holding the dev secret "
+            "can act as any tenant with any scope; for local testing only",
+            database=where,
         )
 
 
@@ -264,6 +291,14 @@ def require_chosen_auth(settings: Settings, command: str) -> None:
 def dev(
     port: Annotated[int | None, typer.Option(help="Port")] = None,
     handlers: Annotated[list[str] | None, typer.Option("--handlers")] = None,
+    approver_groups: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--approver-group",
+            help="Group of the printed approver token (repeatable; default: the "
+            "examples' sales-manager when no --handlers are given)",
+        ),
+    ] = None,
 ) -> None:
     """API + an in-process worker on the embedded SQLite database, examples loaded.
 
@@ -272,8 +307,10 @@ def dev(
     import importlib.util
 
     from app.cli.dev import run_dev
+    from app.core.logging import configure_logging
 
     settings = load_settings(port=port)
+    configure_logging(settings)
     require_local_dev(settings, "dev")
     sys.path.insert(0, os.getcwd())
     if not handlers and importlib.util.find_spec("examples") is None:
@@ -282,7 +319,10 @@ def dev(
             "no --handlers given and the examples are not installed (they ship with the "
             "Treadle checkout and image, not the wheel): pass --handlers yourpkg.flows"
         )
-    _run(run_dev(settings, handlers or EXAMPLE_HANDLERS))
+    groups = (
+        approver_groups if approver_groups is not None else ([] if handlers else ["sales-manager"])
+    )
+    _run(run_dev(settings, handlers or EXAMPLE_HANDLERS, groups))
 
 
 @app.command()
@@ -290,7 +330,7 @@ def token(
     tenant: Annotated[str, typer.Option(help="Tenant id")] = "default",
     subject: Annotated[str, typer.Option(help="Subject (who)")] = "dev",
     scopes: Annotated[str, typer.Option(help="Space- or comma-separated scopes")] = (
-        "runs:write runs:read runs:cancel approvals:write signals:write"
+        "runs:write runs:read runs:cancel approvals:write signals:write events:write"
     ),
     groups: Annotated[
         str, typer.Option(help="Space- or comma-separated groups (approvals may need one)")
@@ -308,7 +348,10 @@ def token(
         _fail("--ttl must be a positive number of seconds")
     if not subject.strip():
         _fail("--subject must not be empty")
+    from app.core.logging import configure_logging
+
     settings = load_settings()
+    configure_logging(settings)  # the dev-mode warning is a log line on stderr, not stdout
     require_local_dev(settings, "token")
     secret = existing_dev_secret(settings)
     if secret is None:
@@ -520,7 +563,12 @@ def main() -> None:
     """Console-script entry point (exit codes: :class:`app.cli.common.ExitCode`)."""
     try:
         app()
-    except httpx.TransportError as exc:  # a command that talks HTTP without app.client
+    except Exception as exc:
+        # A command that talks HTTP without app.client. httpx is looked up, not imported:
+        # `treadle worker` never loads it, and an httpx error needs httpx loaded.
+        httpx = sys.modules.get("httpx")
+        if httpx is None or not isinstance(exc, httpx.TransportError):
+            raise
         typer.secho(
             printable(f"cannot reach the API: {exc}", keep="\n"), fg=typer.colors.RED, err=True
         )

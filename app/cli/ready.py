@@ -14,6 +14,9 @@ import typer
 import uvicorn
 from sqlalchemy.engine import make_url
 
+from app.api.server import TreadleServer
+from app.core.settings import AuthMode, Settings
+
 
 def safe_database_url(url: str) -> str:
     """``url`` with its password replaced by ``***`` (what may appear in logs)."""
@@ -27,12 +30,27 @@ def _workflows(keys: Sequence[str]) -> str:
     return ", ".join(keys) if keys else "none registered yet"
 
 
-def serve_line(host: str, port: int, database_url: str, workflows: Sequence[str]) -> str:
-    """``treadle serve: ready on http://HOST:PORT (database …; workflows …)``."""
+def base_url(host: str, port: int) -> str:
+    """``http://HOST:PORT`` (an IPv6 host in brackets)."""
     shown = f"[{host}]" if ":" in host else host
+    return f"http://{shown}:{port}"
+
+
+def console_note(settings: Settings) -> str:
+    """``console http://HOST:PORT/ui/``, or why the console is off (docs/console.md)."""
+    if settings.console_secret is None and settings.auth_mode != AuthMode.DEV:
+        return "console off: set TREADLE_CONSOLE_SECRET"
+    return f"console {base_url(settings.host, settings.port)}/ui/"
+
+
+def serve_line(
+    host: str, port: int, database_url: str, workflows: Sequence[str], console: str = ""
+) -> str:
+    """``treadle serve: ready on http://HOST:PORT (database …; workflows …; console …)``."""
+    tail = f"; {console}" if console else ""
     return (
-        f"treadle serve: ready on http://{shown}:{port} "
-        f"(database {safe_database_url(database_url)}; workflows {_workflows(workflows)})"
+        f"treadle serve: ready on {base_url(host, port)} "
+        f"(database {safe_database_url(database_url)}; workflows {_workflows(workflows)}{tail})"
     )
 
 
@@ -47,7 +65,7 @@ def worker_line(
     )
 
 
-class AnnouncingServer(uvicorn.Server):
+class AnnouncingServer(TreadleServer):
     """A uvicorn server that prints ``line`` once it listens and its lifespan started."""
 
     def __init__(self, config: uvicorn.Config, line: str) -> None:

@@ -7,8 +7,9 @@ codes) in :mod:`app.cli.common`.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from enum import StrEnum
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 
@@ -21,13 +22,17 @@ from app.cli.common import (
     Output,
     api_client,
     emit,
+    emit_page,
     note,
     parse_time,
     print_json,
     read_json_option,
 )
-from app.client import RunNotFinished, RunResult
+from app.core import json
 from app.core.text import printable
+
+if TYPE_CHECKING:  # imported where used (app.cli.common says why)
+    from app.client import Event, LogLine, RunResult, TreadleClient
 
 runs_app = typer.Typer(help="Operate on runs through the HTTP API.", no_args_is_help=True)
 dlq_app = typer.Typer(help="Dead letters: list and requeue.", no_args_is_help=True)
@@ -73,6 +78,24 @@ _CONCURRENCY_KEY = Annotated[
     ),
 ]
 _VERSION = Annotated[str | None, typer.Option("--version", help="Pin a registered version")]
+_LABEL = Annotated[
+    list[str] | None,
+    typer.Option(
+        "--label",
+        help="key=value (repeatable); in `runs list` a value ending in * is a prefix",
+    ),
+]
+
+
+def _labels(pairs: list[str] | None) -> dict[str, str] | None:
+    """``--label key=value`` options as a dict (the server checks the label rules)."""
+    labels: dict[str, str] = {}
+    for pair in pairs or []:
+        key, eq, value = pair.partition("=")
+        if not eq:
+            raise typer.BadParameter(f"--label {pair!r}: expected key=value")
+        labels[key] = value
+    return labels or None
 
 
 @runs_app.command("start")
@@ -82,12 +105,14 @@ def runs_start(
     key: _KEY = None,
     concurrency_key: _CONCURRENCY_KEY = None,
     version: _VERSION = None,
+    label: _LABEL = None,
     output: OUTPUT = Output.TABLE,
     url: URL = DEFAULT_URL,
     tok: TOKEN = None,
 ) -> None:
     """Submit a run (do not wait; see `runs execute`)."""
     payload = read_json_option(input_json, "--input")
+    labels = _labels(label)
     with api_client(url, tok) as c:
         run = c.submit(
             workflow,
@@ -95,6 +120,7 @@ def runs_start(
             version=version,
             idempotency_key=key,
             concurrency_key=concurrency_key,
+            labels=labels,
         )
     emit(run, output)
 
@@ -114,6 +140,8 @@ def runs_execute(
     tok: TOKEN = None,
 ) -> None:
     """Submit a run and wait for its result: exit 0 if it completed, 1 if not."""
+    from app.client import RunNotFinished
+
     payload = read_json_option(input_json, "--input")
     with api_client(url, tok) as c:
         run = c.submit(
@@ -155,6 +183,18 @@ def runs_list(
     ] = None,
     limit: Annotated[int, typer.Option(min=1, max=200, help="Runs per page")] = 20,
     all_pages: Annotated[bool, typer.Option("--all", help="Every page, not just one")] = False,
+    label: _LABEL = None,
+    reason: Annotated[str | None, typer.Option(help="Only runs that ended this way")] = None,
+    version: Annotated[str | None, typer.Option(help="Only this definition version")] = None,
+    waiting_on: Annotated[
+        str | None, typer.Option(help="kind or kind:name, e.g. signal:payment")
+    ] = None,
+    finished_after: Annotated[
+        str | None, typer.Option(help="ISO 8601 date/time; without an offset, UTC")
+    ] = None,
+    finished_before: Annotated[
+        str | None, typer.Option(help="ISO 8601 date/time; without an offset, UTC")
+    ] = None,
     output: OUTPUT = Output.TABLE,
     url: URL = DEFAULT_URL,
     tok: TOKEN = None,
@@ -162,17 +202,32 @@ def runs_list(
     """List runs, newest first (one page; --all for every page)."""
     after = parse_time(created_after, "--created-after")
     before = parse_time(created_before, "--created-before")
+    more: dict[str, Any] = {
+        "reason": reason,
+        "version": version,
+        "waiting_on": waiting_on,
+        "finished_after": parse_time(finished_after, "--finished-after"),
+        "finished_before": parse_time(finished_before, "--finished-before"),
+        "labels": _labels(label),
+    }
     with api_client(url, tok) as c:
         if all_pages:
-            items = list(
-                c.list_all(
+            items: list[Any] = []
+            token: str | None = None
+            while True:
+                got = c.list(
                     workflow=workflow,
                     status=status,
                     created_after=after,
                     created_before=before,
-                    page_size=200,
+                    page_token=token,
+                    limit=200,
+                    **more,
                 )
-            )
+                items.extend(got.items)
+                token = got.next_page_token
+                if token is None:
+                    break
             page: dict[str, Any] = {"items": items, "next_page_token": None}
             if page_token:
                 note("--page-token is ignored with --all")
@@ -184,11 +239,9 @@ def runs_list(
                 created_before=before,
                 page_token=page_token,
                 limit=limit,
+                **more,
             ).model_dump(mode="json")
-    emit(page, output, columns=RUN_COLUMNS)
-    token = page.get("next_page_token")
-    if token and output is Output.TABLE:
-        note(f"more: --page-token {token}")
+    emit_page(page, output, columns=RUN_COLUMNS)
 
 
 @runs_app.command("report")
@@ -201,12 +254,115 @@ def runs_report(
     url: URL = DEFAULT_URL,
     tok: TOKEN = None,
 ) -> None:
-    """Print the operator's report: run, steps, timeline, dead letters."""
+    """Print the operator's report: run, steps, timeline, last log lines, dead letters."""
     with api_client(url, tok) as c:
         if output is ReportOutput.JSON:
             print_json(c.report(run_id))
         else:
             typer.echo(printable(c.report_text(run_id), keep="\n"), nl=False)
+
+
+def _log_text(line: LogLine) -> str:
+    where = f" [{line.step_id}#{line.attempt}]" if line.step_id is not None else ""
+    if line.message is None:
+        return f"{line.at.isoformat()}  {line.level:<8}{where} (message withheld: run redacted)"
+    fields = f" {json.dumps(line.fields)}" if line.fields else ""
+    return f"{line.at.isoformat()}  {line.level:<8}{where} {line.message}{fields}"
+
+
+@runs_app.command("logs")
+def runs_logs(
+    run_id: str,
+    level: Annotated[
+        str | None, typer.Option(help="Only this severity or higher (debug, info, warning, error)")
+    ] = None,
+    step: Annotated[str | None, typer.Option(help="Only this step's attempts (a step id)")] = None,
+    page_token: Annotated[
+        str | None, typer.Option(help="Continue from a previous page (same filters)")
+    ] = None,
+    limit: Annotated[int, typer.Option(min=1, max=500, help="Lines per page")] = 200,
+    all_pages: Annotated[bool, typer.Option("--all", help="Every page, not just one")] = False,
+    output: Annotated[
+        ReportOutput,
+        typer.Option("--output", "-o", help="text (default) or json", case_sensitive=False),
+    ] = ReportOutput.TEXT,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Print the lines the run's handler code logged with ctx.logger, oldest first."""
+    items: list[LogLine] = []
+    with api_client(url, tok) as c:
+        token = page_token
+        while True:
+            page = c.logs(run_id, level=level, step=step, page_token=token, limit=limit)
+            items.extend(page.items)
+            token = page.next_page_token
+            if token is None or not all_pages:
+                break
+    if output is ReportOutput.JSON:
+        print_json({"items": [i.model_dump(mode="json") for i in items], "next_page_token": token})
+        return
+    for line in items:
+        # One line each: a message holding a line break or ESC cannot forge another.
+        typer.echo(printable(_log_text(line)))
+    if not items:
+        note("(none)")
+    if token is not None:
+        note(f"more: --page-token {token}")
+
+
+def _event_text(event: Event) -> str:
+    where = f" [{event.step_id}]" if event.step_id is not None else ""
+    data = "" if event.data is None else f" {json.dumps(event.data)}"
+    return f"{event.event_id}  {event.at.isoformat()}  {event.kind}{where}{data}"
+
+
+@runs_app.command("events")
+def runs_events(
+    run_id: str,
+    follow: Annotated[
+        bool, typer.Option("--follow", "-f", help="Stream events live until the run ends")
+    ] = False,
+    after: Annotated[
+        int | None, typer.Option(min=0, help="Only events after this event id")
+    ] = None,
+    output: Annotated[
+        ReportOutput,
+        typer.Option(
+            "--output",
+            "-o",
+            help="text (default) or json (one object a line)",
+            case_sensitive=False,
+        ),
+    ] = ReportOutput.TEXT,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Print the run's timeline, one line per event, oldest first.
+
+    With --follow, print events as they happen (GET /runs/{id}/events?follow=true,
+    resumed after a dropped connection) and exit once the run is terminal.
+    """
+    with api_client(url, tok) as c:
+        events: Iterator[Event] = (
+            c.follow_events(run_id, after=after) if follow else _all_events(c, run_id, after)
+        )
+        for event in events:
+            if output is ReportOutput.JSON:
+                typer.echo(json.dumps(event.model_dump(mode="json")))
+            else:
+                # One line each: data holding a line break or ESC cannot forge another.
+                typer.echo(printable(_event_text(event)))
+
+
+def _all_events(c: TreadleClient, run_id: str, after: int | None) -> Iterator[Event]:
+    token: str | None = None
+    while True:
+        page = c.events(run_id, page_token=token, limit=500)
+        yield from (e for e in page.items if after is None or e.event_id > after)
+        token = page.next_page_token
+        if token is None:
+            return
 
 
 @runs_app.command("cancel")
@@ -278,6 +434,42 @@ def runs_resume(
         emit(c.resume(run_id), output)
 
 
+@runs_app.command("pause")
+def runs_pause(
+    run_id: str,
+    reason: Annotated[str | None, typer.Option(help="Why (shown on the run)")] = None,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Pause a run: it finishes its current step attempt and takes no new step."""
+    with api_client(url, tok) as c:
+        emit(c.pause(run_id, reason=reason), output)
+
+
+@runs_app.command("unpause")
+def runs_unpause(
+    run_id: str, output: OUTPUT = Output.TABLE, url: URL = DEFAULT_URL, tok: TOKEN = None
+) -> None:
+    """Unpause a paused run; what fell due while it was paused runs now."""
+    with api_client(url, tok) as c:
+        emit(c.unpause(run_id), output)
+
+
+@runs_app.command("rerun")
+def runs_rerun(
+    run_id: str,
+    from_step: Annotated[str, typer.Option("--from-step", help="Journaled step id to rerun from")],
+    idempotency_key: Annotated[str | None, typer.Option(help="Same key, same rerun")] = None,
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Start a new run of a finished run's version and input from one of its steps."""
+    with api_client(url, tok) as c:
+        emit(c.rerun(run_id, from_step, idempotency_key=idempotency_key), output)
+
+
 @runs_app.command("retry")
 def runs_retry(
     run_id: str,
@@ -313,10 +505,7 @@ def dlq_list(
             page = c.dead_letters(
                 status="pending", workflow=workflow, page_token=page_token, limit=limit
             ).model_dump(mode="json")
-    emit(page, output, columns=DEAD_LETTER_COLUMNS)
-    token = page.get("next_page_token")
-    if token and output is Output.TABLE:
-        note(f"more: --page-token {token}")
+    emit_page(page, output, columns=DEAD_LETTER_COLUMNS)
 
 
 @dlq_app.command("requeue")

@@ -16,7 +16,6 @@ from app.cli.common import (
     emit,
     read_json_option,
 )
-from app.client import quote_segment
 
 schedules_app = typer.Typer(help="Cron and one-off schedules (over the HTTP API).")
 
@@ -28,6 +27,8 @@ FIRE_COLUMNS = ["tick", "kind", "run_id", "fired_at", "outcome"]
 
 
 def _path(schedule_id: str, suffix: str = "") -> str:
+    from app.client import quote_segment  # where used (app.cli.common says why)
+
     return f"/schedules/{quote_segment(schedule_id)}{suffix}"
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import email.utils
 import uuid
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, TypeVar
@@ -18,6 +19,7 @@ import httpx
 from pydantic import BaseModel, ValidationError
 
 from app.client.errors import TreadleAPIError, TreadleUnreachable
+from app.client.models import Batch, BulkDryRun
 from app.core.version import treadle_version
 
 M = TypeVar("M", bound=BaseModel)
@@ -243,6 +245,7 @@ def submit_call(
     concurrency_key: str | None,
     priority: int | None,
     delay: float | None,
+    labels: Mapping[str, str] | None = None,
 ) -> Call:
     """``POST /runs``."""
     body: dict[str, Any] = {"workflow": workflow, "input": input}
@@ -252,6 +255,7 @@ def submit_call(
         ("concurrency_key", concurrency_key),
         ("priority", priority),
         ("delay", delay),
+        ("labels", dict(labels) if labels else None),
     ):
         if value is not None:
             body[name] = value
@@ -269,6 +273,21 @@ def result_call(run_id: str | uuid.UUID, wait: float, timeout: float) -> Call:
     )
 
 
+def filter_params(
+    filters: Mapping[str, Any] | None, labels: Mapping[str, str] | None
+) -> dict[str, str | int | float]:
+    """The newer ``GET /runs`` filters as query parameters.
+
+    ``filters``: ``reason``, ``version``, ``finished_after``, ``finished_before``,
+    ``waiting_on`` (None values left out). ``labels``: ``{key: value}`` sent as
+    ``label.<key>=<value>``; a value ending in ``*`` is a prefix match.
+    """
+    out = query(**(filters or {}))
+    for key, value in (labels or {}).items():
+        out[f"label.{key}"] = value
+    return out
+
+
 def list_call(
     *,
     workflow: str | None,
@@ -277,19 +296,58 @@ def list_call(
     created_before: datetime | None,
     page_token: str | None,
     limit: int,
+    idempotency_key: str | None = None,
+    filters: Mapping[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
 ) -> Call:
-    """``GET /runs``."""
+    """``GET /runs`` (``filters`` and ``labels`` as :func:`filter_params`)."""
     return Call(
         "GET",
         "/runs",
-        params=query(
-            workflow=workflow,
-            status=status,
-            created_after=created_after,
-            created_before=created_before,
-            page_token=page_token,
-            limit=limit,
-        ),
+        params={
+            **query(
+                workflow=workflow,
+                status=status,
+                created_after=created_after,
+                created_before=created_before,
+                idempotency_key=idempotency_key,
+                page_token=page_token,
+                limit=limit,
+            ),
+            **filter_params(filters, labels),
+        },
+    )
+
+
+def counts_call(
+    *,
+    workflow: str | None,
+    created_after: datetime | None,
+    created_before: datetime | None,
+    idempotency_key: str | None,
+    filters: Mapping[str, Any] | None = None,
+    labels: Mapping[str, str] | None = None,
+) -> Call:
+    """``GET /runs/counts`` (``filters`` and ``labels`` as :func:`filter_params`)."""
+    return Call(
+        "GET",
+        "/runs/counts",
+        params={
+            **query(
+                workflow=workflow,
+                created_after=created_after,
+                created_before=created_before,
+                idempotency_key=idempotency_key,
+            ),
+            **filter_params(filters, labels),
+        },
+    )
+
+
+def approvals_call(*, workflow: str | None, page_token: str | None, limit: int) -> Call:
+    """``GET /approvals``."""
+    return Call(
+        "GET", "/approvals", params=query(workflow=workflow, page_token=page_token, limit=limit)
     )
 
 
@@ -327,3 +385,113 @@ def report_call(run_id: str | uuid.UUID, *, text: bool) -> Call:
         params=query(format="text" if text else "json"),
         headers={"Accept": "text/plain" if text else "application/json"},
     )
+
+
+def _reason_body(reason: str | None) -> dict[str, str] | None:
+    # No body at all for an empty or absent reason: both routes take the body as optional.
+    return {"reason": reason} if reason else None
+
+
+def cancel_call(run_id: str | uuid.UUID, reason: str | None) -> Call:
+    """``POST /runs/{run_id}/cancel`` (``reason`` only when given)."""
+    return Call("POST", f"/runs/{segment(run_id)}/cancel", body=_reason_body(reason))
+
+
+def pause_call(run_id: str | uuid.UUID, reason: str | None) -> Call:
+    """``POST /runs/{run_id}/pause`` (``reason`` only when given)."""
+    return Call("POST", f"/runs/{segment(run_id)}/pause", body=_reason_body(reason))
+
+
+def unpause_call(run_id: str | uuid.UUID) -> Call:
+    """``POST /runs/{run_id}/unpause``."""
+    return Call("POST", f"/runs/{segment(run_id)}/unpause")
+
+
+def rerun_call(run_id: str | uuid.UUID, from_step: str, idempotency_key: str | None) -> Call:
+    """``POST /runs/{run_id}/rerun`` from journaled step ``from_step``."""
+    body = {"from_step": from_step, "idempotency_key": idempotency_key}
+    return Call("POST", f"/runs/{segment(run_id)}/rerun", body=body)
+
+
+def batch_call(batch_id: str | uuid.UUID) -> Call:
+    """``GET /batches/{batch_id}``."""
+    return Call("GET", f"/batches/{segment(batch_id)}")
+
+
+def batches_call(*, page_token: str | None, limit: int) -> Call:
+    """``GET /batches`` (an empty ``page_token`` is the first page, like None)."""
+    params: dict[str, str | int | float] = {"limit": limit}
+    if page_token:
+        params["page_token"] = page_token
+    return Call("GET", "/batches", params=params)
+
+
+def cancel_batch_call(batch_id: str | uuid.UUID) -> Call:
+    """``POST /batches/{batch_id}/cancel``."""
+    return Call("POST", f"/batches/{segment(batch_id)}/cancel")
+
+
+def create_webhook_call(url: str, *, events: Sequence[str] | None, workflow: str | None) -> Call:
+    """``POST /webhooks``."""
+    body: dict[str, Any] = {"url": url}
+    if events is not None:
+        body["events"] = list(events)
+    if workflow is not None:
+        body["workflow"] = workflow
+    return Call("POST", "/webhooks", body=body)
+
+
+def webhook_call(method: str, webhook_id: str | uuid.UUID) -> Call:
+    """``GET`` or ``DELETE /webhooks/{webhook_id}``."""
+    return Call(method, f"/webhooks/{segment(webhook_id)}")
+
+
+def webhook_deliveries_call(
+    webhook_id: str | uuid.UUID, *, page_token: str | None, limit: int
+) -> Call:
+    """``GET /webhooks/{webhook_id}/deliveries``."""
+    params: dict[str, str | int | float] = {"limit": limit}
+    if page_token:
+        params["page_token"] = page_token
+    return Call("GET", f"/webhooks/{segment(webhook_id)}/deliveries", params=params)
+
+
+BULK_ACTIONS = ("cancel", "retry", "resume", "signal", "pause", "unpause")
+"""The ``POST /runs:<action>`` bulk actions."""
+
+
+def bulk_call(
+    action: str,
+    *,
+    run_ids: Sequence[Any] | None,
+    filter: Mapping[str, Any] | None,
+    dry_run: bool,
+    reason: str | None,
+    name: str | None,
+    payload: Any,
+) -> Call:
+    """The request of a bulk action (``name``/``payload`` only for ``signal``).
+
+    Raises:
+        ValueError: an unknown action (checked here so a typo never reaches the server).
+    """
+    if action not in BULK_ACTIONS:
+        raise ValueError(f"unknown bulk action {action!r}: use one of {', '.join(BULK_ACTIONS)}")
+    body: dict[str, Any] = {"dry_run": dry_run}
+    if run_ids is not None:
+        body["run_ids"] = [str(r) for r in run_ids]
+    if filter is not None:
+        body["filter"] = dict(filter)
+    if reason is not None:
+        body["reason"] = reason
+    if action == "signal":
+        body["name"] = name
+        body["payload"] = payload
+    return Call("POST", f"/runs:{action}", body=body)
+
+
+def decode_bulk(resp: httpx.Response) -> Batch | BulkDryRun:
+    """A bulk action's answer: 200 a :class:`BulkDryRun`, 202 a :class:`Batch`."""
+    if resp.status_code == 200:
+        return decode(resp, BulkDryRun)
+    return decode(resp, Batch)

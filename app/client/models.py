@@ -55,10 +55,18 @@ class Run(_Model):
     lease_owner: str | None = None
     lease_expires_at: datetime | None = None
     waiting_on: WaitingOn | None = None
+    labels: dict[str, str] = {}
     blocked_reason: str | None = None
     step_counts: dict[str, int] | None = None
     state: RunState | None = None
     created_by: str = ""
+    parent_run_id: uuid.UUID | None = None
+    redacted: bool = False
+    paused_at: datetime | None = None
+    paused_by: str | None = None
+    pause_reason: str | None = None
+    rerun_of: uuid.UUID | None = None
+    rerun_from_step: str | None = None
     created_at: datetime
     updated_at: datetime
     started_at: datetime | None = None
@@ -135,6 +143,30 @@ class EventPage(_Model):
     next_page_token: str | None = None
 
 
+class LogLine(_Model):
+    """One line handler code logged with ``ctx.logger`` (``step_id`` None in workflow code).
+
+    ``message`` and ``fields`` are None on a redacted run; the "N lines dropped" summary
+    of a run that logged past its cap is last, with ``seq`` 2147483647.
+    """
+
+    seq: int
+    at: datetime
+    level: str
+    message: str | None = None
+    fields: dict[str, Any] | None = None
+    step_id: str | None = None
+    attempt: int | None = None
+
+
+class LogPage(_Model):
+    """One page of ``GET /runs/{run_id}/logs``."""
+
+    items: list[LogLine]
+    next_page_token: str | None = None
+    redacted: bool = False
+
+
 class DeadLetter(_Model):
     """A terminal failure awaiting an operator (``status`` pending or requeued)."""
 
@@ -159,7 +191,7 @@ class DeadLetterPage(_Model):
 
 
 class RunReport(_Model):
-    """The operator's report: run, steps, timeline and dead letters (database time)."""
+    """The operator's report: run, steps, timeline, last log lines, dead letters (DB time)."""
 
     generated_at: datetime
     run: Run
@@ -167,6 +199,8 @@ class RunReport(_Model):
     events: list[Event]
     events_truncated: bool
     dead_letters: list[DeadLetter]
+    logs: list[LogLine] = []
+    logs_total: int = 0
 
 
 class SignalAccepted(_Model):
@@ -175,6 +209,23 @@ class SignalAccepted(_Model):
     run_id: uuid.UUID
     name: str
     signal_id: int
+
+
+class InboundEvent(_Model):
+    """A posted event (``POST /events``, ``GET /events/{event_id}``).
+
+    Not a run timeline :class:`Event`: ``started_run_ids`` are the runs its triggers
+    started, ``resumed_run_ids`` the runs it was delivered to in ``ctx.wait_for_event``.
+    """
+
+    event_id: uuid.UUID
+    name: str
+    key: str | None = None
+    data: Any = None
+    sent_by: str
+    received_at: datetime
+    started_run_ids: list[uuid.UUID]
+    resumed_run_ids: list[uuid.UUID]
 
 
 class ApprovalDecision(_Model):
@@ -187,13 +238,24 @@ class ApprovalDecision(_Model):
     resolved: bool
 
 
+class DagNode(_Model):
+    """One node of a DAG: its step id and the nodes whose results feed it."""
+
+    name: str
+    after: list[str] = []
+
+
 class WorkflowVersion(_Model):
-    """One registered version of a workflow and the workers that run it now."""
+    """One registered version of a workflow and the workers that run it now.
+
+    ``graph``: a DAG's nodes in execution order (None for other kinds).
+    """
 
     version: str
     kind: str
     input_schema: Any = None
     output_schema: Any = None
+    graph: list[DagNode] | None = None
     live_workers: list[str] = []
     open_runs: int = 0
     blocked_runs: int = 0
@@ -210,3 +272,141 @@ class WorkflowList(_Model):
     """``GET /workflows``."""
 
     items: list[Workflow]
+
+
+class WhoAmI(_Model):
+    """``GET /whoami``: who the token authenticates as."""
+
+    tenant_id: str
+    subject: str
+    scopes: list[str]
+    groups: list[str]
+    api_key: bool = False
+
+
+class RunCounts(_Model):
+    """``GET /runs/counts``: runs per status (every status present, 0 included)."""
+
+    counts: dict[str, int]
+    total: int
+
+
+class PendingApproval(_Model):
+    """A waiting approval the caller may decide (``GET /approvals``)."""
+
+    run_id: uuid.UUID
+    step_id: str
+    name: str
+    workflow: str
+    version: str
+    group: str | None = None
+    payload: Any = None
+    approvals_needed: int
+    approvals_given: int
+    remaining: int
+    self_approval: bool
+    submitted_by: str
+    deadline: datetime | None = None
+    waiting_since: datetime
+
+
+class ApprovalPage(_Model):
+    """One page of ``GET /approvals``, oldest waiting first."""
+
+    items: list[PendingApproval]
+    next_page_token: str | None = None
+
+
+class Batch(_Model):
+    """A bulk action's durable batch and its progress (``GET /batches/{id}``).
+
+    ``done + skipped + failed`` reaches ``matched`` once ``state`` is ``completed``;
+    ``skipped_reasons`` counts skipped runs by reason (``already_terminal``, …).
+    """
+
+    batch_id: uuid.UUID
+    action: str
+    selection: dict[str, Any]
+    params: dict[str, Any]
+    reason: str | None = None
+    state: str
+    matched: int
+    done: int
+    skipped: int
+    skipped_reasons: dict[str, int]
+    failed: int
+    failures: list[dict[str, Any]]
+    created_by: str
+    created_at: datetime
+    updated_at: datetime
+    finished_at: datetime | None = None
+
+
+class BatchPage(_Model):
+    """One page of ``GET /batches``, newest first."""
+
+    items: list[Batch]
+    next_page_token: str | None = None
+
+
+class Webhook(_Model):
+    """A webhook endpoint (``GET /webhooks/{id}``), without its secret."""
+
+    webhook_id: uuid.UUID
+    url: str
+    events: list[str]
+    workflow: str | None = None
+    created_by: str
+    created_at: datetime
+
+
+class CreatedWebhook(Webhook):
+    """The answer of ``POST /webhooks``: the endpoint and its signing secret, shown once."""
+
+    secret: str
+
+
+class WebhookList(_Model):
+    """The tenant's webhook endpoints, oldest first."""
+
+    items: list[Webhook]
+
+
+class WebhookAttempt(_Model):
+    """One POST of a delivery: when, and the HTTP status or the error (None: interrupted)."""
+
+    attempt: int
+    started_at: datetime
+    finished_at: datetime | None = None
+    http_status: int | None = None
+    error: str | None = None
+
+
+class WebhookDelivery(_Model):
+    """One terminal state of a run delivered to an endpoint: pending, delivered or failed."""
+
+    delivery_id: uuid.UUID
+    run_id: uuid.UUID
+    workflow: str
+    run_status: str
+    run_reason: str | None = None
+    finished_at: datetime
+    state: str
+    attempts: list[WebhookAttempt]
+    next_attempt_at: datetime | None = None
+    created_at: datetime
+
+
+class WebhookDeliveryPage(_Model):
+    """One page of ``GET /webhooks/{id}/deliveries``, newest first."""
+
+    items: list[WebhookDelivery]
+    next_page_token: str | None = None
+
+
+class BulkDryRun(_Model):
+    """A bulk action's dry run: how many runs it would act on and up to 20 of their ids."""
+
+    dry_run: bool
+    matched: int
+    sample: list[uuid.UUID]

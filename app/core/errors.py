@@ -40,6 +40,18 @@ class RunNotFound(NotFoundError):
     code = "run_not_found"
 
 
+class BatchNotFound(NotFoundError):
+    """No bulk-action batch with this id in the caller's tenant (404)."""
+
+    code = "batch_not_found"
+
+
+class EventNotFound(NotFoundError):
+    """No posted event with this id in the caller's tenant (404, ``GET /events/{id}``)."""
+
+    code = "event_not_found"
+
+
 class RunArchived(RunNotFound):
     """The run was moved to the archive by maintenance (404, code ``run_archived``).
 
@@ -78,6 +90,12 @@ class ScheduleNotFound(NotFoundError):
     """No schedule with this id is visible to the caller's tenant."""
 
     code = "schedule_not_found"
+
+
+class WebhookNotFound(NotFoundError):
+    """No webhook endpoint with this id in the caller's tenant (404)."""
+
+    code = "webhook_not_found"
 
 
 class ConflictError(TreadleError):
@@ -127,6 +145,18 @@ class InvalidInput(TreadleError):
     """
 
     code = "invalid_input"
+
+
+class WebhookTargetRefused(InvalidInput):
+    """A webhook URL is refused for its form or where it resolves (422).
+
+    Not http/https, malformed, or resolving to an address the SSRF guard forbids
+    (docs/security.md, outbound webhooks).
+
+    ``data["errors"]`` holds one ``{"path": "url", "message": …}`` entry.
+    """
+
+    code = "webhook_target_refused"
 
 
 class BadRequest(TreadleError):
@@ -205,6 +235,15 @@ class CeilingExceeded(TreadleError):
     """A configured ceiling (steps per run, …) was hit; ``data["ceiling"]`` names it."""
 
     code = "ceiling_exceeded"
+
+
+class TooManyRequests(TreadleError):
+    """A per-tenant bound on concurrent work (open event streams) is reached.
+
+    ``data["retry_after_seconds"]`` becomes the ``Retry-After`` header of the 429.
+    """
+
+    code = "too_many_requests"
 
 
 class LeaseLost(BaseException):

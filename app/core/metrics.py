@@ -18,6 +18,26 @@ RUNS_FINISHED = Counter(
     "Runs that reached a terminal status, by workflow, status and reason.",
     ["workflow", "status", "reason"],
 )
+RUN_CONTROLS = Counter(
+    "treadle_run_controls_total",
+    "Operator controls that changed a run, by action (pause, unpause, rerun).",
+    ["action"],
+)
+BATCH_ITEMS = Counter(
+    "treadle_batch_items_total",
+    "Runs a bulk-action batch processed, by action and outcome (done, skipped, failed).",
+    ["action", "outcome"],
+)
+WEBHOOK_ATTEMPTS = Counter(
+    "treadle_webhook_attempts_total",
+    "Webhook POSTs sent by workers, by outcome (delivered: a 2xx answer; failed: anything else).",
+    ["outcome"],
+)
+WEBHOOK_DELIVERIES = Counter(
+    "treadle_webhook_deliveries_total",
+    "Webhook deliveries that reached a final state (delivered, failed).",
+    ["state"],
+)
 STEP_DURATION = Histogram(
     "treadle_step_duration_seconds",
     "Duration of one step attempt (user code plus its checkpoint), by workflow and outcome.",

@@ -11,7 +11,7 @@ from importlib.util import find_spec
 from pathlib import Path
 from typing import Self
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 DEFAULT_DATA_DIR = Path(".treadle")
@@ -34,6 +34,18 @@ class LogFormat(StrEnum):
 
     JSON = "json"
     CONSOLE = "console"
+
+
+class TracebackMode(StrEnum):
+    """What a run's and a step's ``error.traceback`` shows (docs/adr/0025-user-frames-only.md).
+
+    ``user``: only the frames of the user's code, paths relative (app/core/tracebacks.py).
+    ``full``: Python's whole traceback, Treadle's frames and absolute paths included, for
+    deployments whose every API client may see the worker's internals.
+    """
+
+    USER = "user"
+    FULL = "full"
 
 
 class Settings(BaseSettings):
@@ -105,6 +117,42 @@ class Settings(BaseSettings):
         le=3600,
         description="Least time between two JWKS fetches (unknown `kid` triggers one).",
     )
+    jwks_refresh_interval_seconds: float = Field(
+        default=900.0,
+        ge=0,
+        le=86400,
+        description="Interval of the background JWKS refresh of a URL or OIDC issuer, so a "
+        "key the provider rotated in is known before the first token signed by it "
+        "arrives (0: no background refresh; an unknown `kid` still triggers one).",
+    )
+    oidc_issuer: str | None = Field(
+        default=None,
+        description="OpenID Connect issuer URL: its `/.well-known/openid-configuration` "
+        "gives the JWKS (instead of TREADLE_JWT_JWKS_URL) and the console's sign-in "
+        "endpoints. Also the default of TREADLE_JWT_ISSUER.",
+    )
+    oidc_client_id: str | None = Field(
+        default=None, description="Client id of the console's OIDC sign-in (enables it)."
+    )
+    oidc_client_secret: str | None = Field(
+        default=None,
+        description="Client secret of the console's OIDC sign-in (none: a public client, "
+        "PKCE only).",
+    )
+    oidc_redirect_url: str | None = Field(
+        default=None,
+        description="Redirect URL registered at the provider; default: the console's "
+        "`<external base>/ui/login/oidc/callback`.",
+    )
+    oidc_scopes: list[str] = Field(
+        default=["openid", "profile", "email"],
+        description="Scopes asked at sign-in (`openid` is always added).",
+    )
+    oidc_provider_name: str = Field(
+        default="single sign-on",
+        min_length=1,
+        description="Shown on the console's login page as 'Sign in with <name>'.",
+    )
     tenant_cache_seconds: float = Field(
         default=2.0,
         ge=0,
@@ -163,6 +211,21 @@ class Settings(BaseSettings):
         description="Ceiling on a run's timeline rows, counted when a worker resumes the run; "
         "a run over it fails at its next new step (error type CeilingExceeded).",
     )
+    run_log_max_lines: int = Field(
+        default=1_000,
+        ge=1,
+        le=1_000_000,
+        description="Ceiling on the ctx.logger lines kept with one run; later lines are "
+        "counted in one 'N lines dropped' line instead (docs/adr/0027-run-logs.md).",
+    )
+    run_log_max_line_bytes: int = Field(
+        default=4_096,
+        ge=256,
+        le=1_048_576,
+        description="Ceiling on one ctx.logger line's message (characters) and, separately, "
+        "its fields' JSON (bytes); a longer message is cut with a marker, larger fields are "
+        "replaced by a preview.",
+    )
     max_signals_buffered_per_run: int = Field(
         default=1_000,
         ge=1,
@@ -176,6 +239,42 @@ class Settings(BaseSettings):
         le=1_000_000,
         description="Ceiling on child runs one run may start; the next ctx.child fails the "
         "run (error type CeilingExceeded).",
+    )
+    # ctx.emit and the live event stream (docs/adr/0028-live-event-streams.md).
+    emit_max_bytes: int = Field(
+        default=16_384,
+        ge=256,
+        le=1_048_576,
+        description="Ceiling on one ctx.emit: the JSON of its name and data (bytes); a larger "
+        "emit raises EmitRefused in the calling code and nothing is kept.",
+    )
+    emit_max_per_run: int = Field(
+        default=10_000,
+        ge=1,
+        le=1_000_000,
+        description="Ceiling on the emitted events one run keeps, every attempt's emits "
+        "counted; the next ctx.emit raises EmitRefused in the calling code.",
+    )
+    event_stream_heartbeat_seconds: float = Field(
+        default=15.0,
+        gt=0,
+        le=300,
+        description="Seconds between SSE comment lines on an idle GET /runs/{id}/events"
+        "?follow=true stream (keeps proxies from closing it).",
+    )
+    event_stream_poll_seconds: float = Field(
+        default=0.5,
+        ge=0.01,
+        le=30,
+        description="Longest pause between two reads of a followed run's new events; a "
+        "stream polls faster right after events arrived.",
+    )
+    event_stream_max_per_tenant: int = Field(
+        default=100,
+        ge=1,
+        le=100_000,
+        description="Open event streams one tenant may hold on one API process; one more "
+        "is answered 429 with Retry-After.",
     )
 
     compaction_after_days: float = Field(
@@ -218,6 +317,20 @@ class Settings(BaseSettings):
     heartbeat_interval_seconds: float = Field(default=10.0, gt=0.0)
     poll_interval_seconds: float = Field(default=1.0, ge=0.01, le=60.0)
     worker_concurrency: int = Field(default=16, ge=1, le=1000)
+    batch_chunk_size: int = Field(
+        default=100,
+        ge=1,
+        le=5000,
+        description="Runs a bulk-action batch acts on per transaction (each chunk commits its "
+        "actions with the batch's progress; docs/adr/0023-durable-batches.md).",
+    )
+    batch_max_runs: int = Field(
+        default=100_000,
+        ge=1,
+        le=10_000_000,
+        description="Most runs one bulk-action batch may match; a filter matching more is "
+        "refused (422) so one request cannot snapshot an unbounded set.",
+    )
     drain_grace_seconds: float = Field(default=30.0, ge=0.0, le=3600.0)
     inline_retry_max_seconds: float = Field(
         default=5.0,
@@ -232,10 +345,90 @@ class Settings(BaseSettings):
         default=1.0, ge=0.01, le=60.0, description="How often a scheduler loop looks for due ticks."
     )
 
+    webhook_allow_private: bool = Field(
+        default=False,
+        description="Let webhook targets resolve to private, loopback, link-local or reserved "
+        "addresses (the SSRF guard refuses them by default; docs/security.md).",
+    )
+    webhook_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0.0,
+        le=120.0,
+        description="Deadline of one webhook POST (connect, send, read the status).",
+    )
+    webhook_max_attempts: int = Field(
+        default=12,
+        ge=1,
+        le=100,
+        description="POSTs of one delivery before it is final `failed`.",
+    )
+    webhook_retry_delay_seconds: float = Field(
+        default=10.0,
+        ge=0.0,
+        le=3600.0,
+        description="Base of a delivery's exponential backoff: delay x 2^(n-1) after the "
+        "n-th failed POST, jittered by up to 20%.",
+    )
+    webhook_retry_max_delay_seconds: float = Field(
+        default=3600.0,
+        ge=0.0,
+        le=86400.0,
+        description="Longest wait between two POSTs of one delivery.",
+    )
+    webhook_concurrency: int = Field(
+        default=8,
+        ge=1,
+        le=200,
+        description="Deliveries one worker sends at once.",
+    )
+
+    console_secret: str | None = Field(
+        default=None,
+        min_length=32,
+        description="Server secret of the browser console's sessions: each session's "
+        "token is encrypted under a key derived from it and the session cookie. Required "
+        "for the console outside dev auth mode (without it the console answers 503 and the "
+        "API works as before); in dev mode, default: generated once in "
+        "<data_dir>/console-secret.",
+    )
+    console_idle_timeout_seconds: float = Field(
+        default=1800.0,
+        ge=60,
+        le=7 * 86_400,
+        description="A console session unused for this long ends (sign in again).",
+    )
+    console_absolute_timeout_seconds: float = Field(
+        default=43_200.0,
+        ge=60,
+        le=30 * 86_400,
+        description="A console session ends this long after sign-in, however active.",
+    )
+
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
     log_format: LogFormat = LogFormat.CONSOLE
     log_level: str = "INFO"
+    # The per-attempt lines (step started / finished) alone: turn them down on a busy
+    # worker while retries, waits, releases and finishes stay (app/engine/story_log.py).
+    # None: the same as log_level.
+    step_log_level: str | None = None
+    error_tracebacks: TracebackMode = Field(
+        default=TracebackMode.USER,
+        description="What a run's and a step's error.traceback shows to API clients: "
+        "`user` (the step's own frames, relative paths) or `full` (every frame, absolute "
+        "paths). The worker's log always gets the full traceback.",
+    )
+
+    @field_validator("log_level", "step_log_level")
+    @classmethod
+    def _known_level(cls, value: str | None) -> str | None:
+        # A typo must not silently log everything or nothing.
+        known = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+        if value is None:
+            return None
+        if value.upper() not in known:
+            raise ValueError(f"not a log level: {value!r} (one of {', '.join(known)})")
+        return value.upper()
 
     @model_validator(mode="after")
     def _default_database(self) -> Self:
@@ -259,6 +452,19 @@ class Settings(BaseSettings):
 
     @model_validator(mode="after")
     def _check_jwt(self) -> Self:
+        if self.oidc_issuer and not self.jwt_issuer:
+            # The issuer's tokens carry its URL as `iss` (OIDC Discovery 1.0, section 4.3).
+            object.__setattr__(self, "jwt_issuer", self.oidc_issuer)
+        if self.oidc_issuer and (self.jwt_jwks_url or self.jwt_jwks_file):
+            raise ValueError(
+                "TREADLE_OIDC_ISSUER gives the JWKS by discovery: unset TREADLE_JWT_JWKS_URL "
+                "and TREADLE_JWT_JWKS_FILE (one source of keys, not two)"
+            )
+        if self.oidc_client_id and not (self.oidc_issuer and self.auth_mode == AuthMode.JWT):
+            raise ValueError(
+                "TREADLE_OIDC_CLIENT_ID (the console's OIDC sign-in) needs TREADLE_AUTH_MODE=jwt "
+                "and TREADLE_OIDC_ISSUER: the API must accept the tokens the provider issues"
+            )
         if self.auth_mode == AuthMode.JWT:
             missing = [
                 name
@@ -268,8 +474,10 @@ class Settings(BaseSettings):
                 )
                 if not value
             ]
-            if not (self.jwt_jwks_url or self.jwt_jwks_file):
-                missing.append("TREADLE_JWT_JWKS_URL or TREADLE_JWT_JWKS_FILE")
+            if not (self.jwt_jwks_url or self.jwt_jwks_file or self.oidc_issuer):
+                missing.append(
+                    "TREADLE_OIDC_ISSUER (or TREADLE_JWT_JWKS_URL or TREADLE_JWT_JWKS_FILE)"
+                )
             if missing:
                 raise ValueError("TREADLE_AUTH_MODE=jwt needs " + ", ".join(missing))
         bad = [a for a in self.jwt_algorithms if a.lower() == "none" or a.upper().startswith("HS")]
@@ -342,8 +550,8 @@ class Settings(BaseSettings):
         return (
             f"TREADLE_AUTH_MODE is not set and the database is {where}: dev-mode tokens "
             "(one shared secret, any tenant, any scope) are the default only on the "
-            "embedded SQLite database. Set TREADLE_AUTH_MODE=jwt with TREADLE_JWT_ISSUER, "
-            "TREADLE_JWT_AUDIENCE and TREADLE_JWT_JWKS_URL (or TREADLE_JWT_JWKS_FILE) for "
+            "embedded SQLite database. Set TREADLE_AUTH_MODE=jwt with TREADLE_OIDC_ISSUER "
+            "and TREADLE_JWT_AUDIENCE (or TREADLE_JWT_ISSUER and TREADLE_JWT_JWKS_URL) for "
             "your identity provider (per-tenant API keys work in every mode), or "
             "TREADLE_AUTH_MODE=dev explicitly for local testing only."
         )

@@ -15,6 +15,8 @@ class RunStatus(StrEnum):
     WAITING_SIGNAL = "waiting_signal"
     WAITING_TIMER = "waiting_timer"
     WAITING_CHILD = "waiting_child"
+    # ctx.wait_for_event (docs/adr/0029-event-triggers.md).
+    WAITING_EVENT = "waiting_event"
     COMPENSATING = "compensating"
     CANCELLING = "cancelling"
     COMPLETED = "completed"
@@ -124,6 +126,15 @@ class EventKind(StrEnum):
     RUN_MIGRATED = "run_migrated"
     # A run that waited for a slot of its concurrency key was given one (now claimable).
     RUN_ADMITTED = "run_admitted"
+    # An operator paused / unpaused the run (docs/adr/0021-pause-is-a-flag-beside-the-status.md).
+    RUN_PAUSED = "run_paused"
+    RUN_UNPAUSED = "run_unpaused"
+    # A rerun of this run was started (data: the new run's id and from_step), on the original.
+    RUN_RERUN = "run_rerun"
+    # A posted event (POST /events) was delivered to one of the run's ctx.wait_for_event.
+    EVENT_DELIVERED = "event_delivered"
+    # Progress or partial output from handler code (ctx.emit): data {name, data, attempt}.
+    EMITTED = "emitted"
 
 
 STATE_MACHINE_KIND = "state_machine"
@@ -131,3 +142,20 @@ STATE_MACHINE_KIND = "state_machine"
 
 TRANSITION_STEP_PREFIX = "transition-"
 """Journal step ids of a state machine's transitions: ``transition-<n>:<from state>``."""
+
+
+class LogLevel(StrEnum):
+    """Severity of a line a handler logs with ``ctx.logger`` (kept in ``run_logs``)."""
+
+    DEBUG = "debug"
+    INFO = "info"
+    WARNING = "warning"
+    ERROR = "error"
+
+    @property
+    def rank(self) -> int:
+        """0 (debug) .. 3 (error): a ``?level=`` filter keeps lines of this rank or more."""
+        return _LOG_RANKS[self]
+
+
+_LOG_RANKS = {LogLevel.DEBUG: 0, LogLevel.INFO: 1, LogLevel.WARNING: 2, LogLevel.ERROR: 3}

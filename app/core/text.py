@@ -7,10 +7,14 @@ mid-send), and control, format and bidirectional characters rewrite what a reade
 (``\n`` forges a report line, ESC drives the terminal, U+202E reverses the rest of the
 line). :func:`printable` escapes exactly those, the way JSON would spell them, and keeps
 every other character (accents, CJK, emoji) as it is. See docs/security.md.
+
+Also :func:`human_duration`, the one spelling of a duration in text meant for people (the
+run report).
 """
 
 from __future__ import annotations
 
+import math
 import unicodedata
 
 # Unicode general categories a reader cannot see as themselves: control (Cc: C0, DEL,
@@ -49,3 +53,41 @@ def printable(text: str, *, keep: str = "") -> str:
         _escape(c) if c not in keep and unicodedata.category(c) in _HIDDEN_CATEGORIES else c
         for c in text
     )
+
+
+def human_duration(seconds: float) -> str:
+    """A duration for a reader: ``0.4 ms``, ``999 ms``, ``59.9 s``, ``1 min 5 s``, ``3 d 4 h``.
+
+    The unit is the largest that keeps the number at least 1, with the precision an
+    operator reads at that scale: below 10 ms one decimal, below 1 s whole milliseconds,
+    below a minute one decimal of a second, then two units (whole minutes and seconds,
+    hours and minutes, days and hours; a zero second unit is left out). The value is
+    rounded before the unit is chosen, so 0.9996 s reads ``1.0 s``, never ``1000 ms``,
+    and 59.96 s reads ``1 min``.
+
+    Args:
+        seconds: a finite, non-negative duration in seconds.
+
+    Raises:
+        ValueError: ``seconds`` is negative, NaN or infinite.
+    """
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ValueError(f"a duration must be a finite number of seconds >= 0, not {seconds!r}")
+    millis = seconds * 1000
+    if millis < 9.95:
+        return f"{millis:.1f} ms"
+    if millis < 999.5:
+        return f"{millis:.0f} ms"
+    if seconds < 59.95:
+        return f"{seconds:.1f} s"
+    total = round(seconds)
+    if total < 3600:
+        return _two(*divmod(total, 60), "min", "s")
+    minutes = round(seconds / 60)
+    if minutes < 24 * 60:
+        return _two(*divmod(minutes, 60), "h", "min")
+    return _two(*divmod(round(seconds / 3600), 24), "d", "h")
+
+
+def _two(big: int, small: int, big_unit: str, small_unit: str) -> str:
+    return f"{big} {big_unit}" + (f" {small} {small_unit}" if small else "")

@@ -62,11 +62,19 @@ workflow_definitions = Table(
     Column("access", String(16), nullable=False, server_default=text("'tenant'")),
     # State machines: JSON list of their states (name, fields schema, timer, terminal).
     Column("states", Text, nullable=True),
+    # DAGs: JSON list of their nodes, each with the nodes it follows (``after``).
+    Column("graph", Text, nullable=True),
     # JSON of app.sdk.queue.QueueControls.to_json(); NULL (registered before 0008): defaults.
     Column("queue_controls", Text, nullable=True),
+    # Event triggers (revision 0020, docs/adr/0029-event-triggers.md): the event name a
+    # POST /events starts this version on, and the JSON of its declarative filter
+    # (app/core/event_match.py); NULL for a definition that no event starts.
+    Column("on_event", String(200), nullable=True),
+    Column("event_filter", Text, nullable=True),
     Column("first_registered_at", UtcDateTime, nullable=False),
     Column("last_registered_at", UtcDateTime, nullable=False),
     PrimaryKeyConstraint("name", "version"),
+    Index("ix_workflow_definitions_on_event", "on_event"),
 )
 
 workers = Table(
@@ -135,6 +143,24 @@ runs = Table(
     # compensation, requeue, retry and resume (revision 0011,
     # docs/adr/0009-requeue-into-compensation.md).
     Column("cancel_requested_at", UtcDateTime, nullable=True),
+    # A pause (revision 0015, docs/adr/0021-pause-is-a-flag-beside-the-status.md): set
+    # while the run is paused, never claimed meanwhile; the status keeps what it waits on.
+    Column("paused_at", UtcDateTime, nullable=True),
+    Column("paused_by", String(255), nullable=True),
+    Column("pause_reason", Text, nullable=True),
+    # A rerun (docs/adr/0022-rerun-from-a-step.md): the original run and the step the
+    # rerun executes from (its journal is the original's up to, not including, that step).
+    Column("rerun_of", Uuid, nullable=True),
+    Column("rerun_from_step", String(255), nullable=True),
+    # The run's labels as a JSON object, the copy every run view returns; run_labels is
+    # the index the filters use. Both are written only by app/db/queries/run_labels.py,
+    # in one transaction (revision 0014, docs/adr/0020-run-labels.md).
+    Column("labels", Text, nullable=True),
+    # The W3C trace context (traceparent, tracestate) the run was submitted under; each
+    # execution is traced as its child (revision 0018,
+    # docs/adr/0026-traces-as-an-optional-extra.md).
+    Column("trace_parent", String(55), nullable=True),
+    Column("trace_state", String(512), nullable=True),
     UniqueConstraint("tenant_id", "idempotency_key"),
     Index(
         "ix_runs_lease_owner",
@@ -175,6 +201,42 @@ runs = Table(
     ),
     Index("ix_runs_tenant_id_status_run_id", "tenant_id", "status", "run_id"),
     Index("ix_runs_tenant_id_workflow_run_id", "tenant_id", "workflow", "run_id"),
+    # GET /runs filters (revision 0014): each leads with tenant_id and ends with run_id,
+    # so a filtered page is an index range read newest first.
+    Index("ix_runs_tenant_id_reason_run_id", "tenant_id", "reason", "run_id"),
+    Index("ix_runs_tenant_id_version_run_id", "tenant_id", "version", "run_id"),
+    Index("ix_runs_tenant_id_finished_at", "tenant_id", "finished_at"),
+    # GET /runs/counts by created time has no LIMIT to stop a walk of the tenant's ids.
+    Index("ix_runs_tenant_id_created_at", "tenant_id", "created_at"),
+    Index(
+        "ix_runs_tenant_id_waiting_run_id",
+        "tenant_id",
+        "waiting_kind",
+        "waiting_name",
+        "run_id",
+        postgresql_where=text("waiting_kind IS NOT NULL"),
+        sqlite_where=text("waiting_kind IS NOT NULL"),
+    ),
+)
+
+# PostgreSQL compares label text in the "C" collation (bytes, i.e. codepoints): the
+# order SQLite's BINARY collation uses, and the one under which a prefix is an index
+# range (app/core/labels.py prefix_upper_bound).
+LABEL_KEY = String(64).with_variant(String(64, collation="C"), "postgresql")
+LABEL_VALUE = String(256).with_variant(String(256, collation="C"), "postgresql")
+
+# One row per (run, label key): the index of GET /runs ``label.<key>=`` filters.
+# tenant_id is copied from the run so a lookup never leaves the tenant's index range.
+run_labels = Table(
+    "run_labels",
+    metadata,
+    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("tenant_id", String(128), nullable=False),
+    Column("key", LABEL_KEY, nullable=False),
+    Column("value", LABEL_VALUE, nullable=False),
+    PrimaryKeyConstraint("run_id", "key"),
+    # Equality and prefix (a range on value) per tenant and key, run ids in order.
+    Index("ix_run_labels_tenant_id_key_value_run_id", "tenant_id", "key", "value", "run_id"),
 )
 
 # Claim order: higher priority first, then the longest due. Only rows with available_at are
@@ -421,3 +483,229 @@ runs_archive = Table(
     Column("archived_at", UtcDateTime, nullable=False),
     Index("ix_runs_archive_tenant_id_run_id", "tenant_id", "run_id"),
 )
+
+console_sessions = Table(
+    "console_sessions",
+    metadata,
+    # SHA-256 (hex) of the cookie's session id: the id itself is never stored, so a copy
+    # of this table names no live cookie (docs/adr/0017-console-architecture.md).
+    Column("id_hash", String(64), primary_key=True),
+    Column("tenant_id", String(128), nullable=False),
+    Column("subject", String(255), nullable=False),
+    # The signed-in user's token, AES-GCM under a key derived (HKDF) from the session id
+    # and TREADLE_CONSOLE_SECRET: base64url of nonce || ciphertext || tag. Neither the
+    # database alone nor the secret alone can decrypt it.
+    Column("token_ciphertext", Text, nullable=False),
+    Column("csrf_token", String(64), nullable=False),
+    # One message shown on the next full page (``{"kind", "text"}`` JSON), then cleared.
+    Column("flash", Text, nullable=True),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("last_seen_at", UtcDateTime, nullable=False),
+    # The absolute deadline (created_at + TREADLE_CONSOLE_ABSOLUTE_TIMEOUT_SECONDS); the
+    # idle timeout is checked against last_seen_at.
+    Column("expires_at", UtcDateTime, nullable=False),
+    Index("ix_console_sessions_expires_at", "expires_at"),
+)
+
+# Bulk actions on runs as durable batches (revision 0017, docs/adr/0023-durable-batches.md).
+batches = Table(
+    "batches",
+    metadata,
+    Column("batch_id", Uuid, primary_key=True),
+    Column("tenant_id", String(128), nullable=False),
+    Column("action", String(16), nullable=False),  # cancel, retry, resume, signal, pause, unpause
+    # What was asked: ``{"run_ids": [...]}`` or ``{"filter": {...}}`` (JSON text), and the
+    # signal's ``name``/``payload`` for a signal batch.
+    Column("selection", Text, nullable=False),
+    Column("params", Text, nullable=False),
+    Column("reason", Text, nullable=True),
+    Column("created_by", String(255), nullable=False),
+    # The creator's owner filter (None: every run of the tenant is visible to it); each
+    # item is acted on with it, as the single-run action would be.
+    Column("owner", String(255), nullable=True),
+    Column("state", String(16), nullable=False),  # running, completed, cancelled
+    Column("matched", BigInteger, nullable=False),
+    Column("done", BigInteger, nullable=False, server_default=text("0")),
+    Column("skipped", BigInteger, nullable=False, server_default=text("0")),
+    Column("failed", BigInteger, nullable=False, server_default=text("0")),
+    # ``{"already_terminal": n, ...}`` JSON text; ``failures`` keeps the last few errors.
+    Column("skipped_reasons", Text, nullable=False, server_default=text("'{}'")),
+    Column("failures", Text, nullable=False, server_default=text("'[]'")),
+    # Keyset cursor: every item with run_id <= cursor is accounted for.
+    Column("cursor", Uuid, nullable=True),
+    Column("lease_owner", String(255), nullable=True),
+    Column("lease_until", UtcDateTime, nullable=True),
+    Column("fence", BigInteger, nullable=False, server_default=text("0")),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    Column("finished_at", UtcDateTime, nullable=True),
+    Index("ix_batches_tenant_id_batch_id", "tenant_id", "batch_id"),
+    Index(
+        "ix_batches_running",
+        "lease_until",
+        postgresql_where=text("state = 'running'"),
+        sqlite_where=text("state = 'running'"),
+    ),
+)
+
+# The runs a batch acts on, fixed when it is created, so ``matched`` is exact however the
+# runs change meanwhile; processed in run_id order behind ``batches.cursor``.
+batch_items = Table(
+    "batch_items",
+    metadata,
+    Column("batch_id", Uuid, ForeignKey("batches.batch_id", ondelete="CASCADE"), nullable=False),
+    Column("run_id", Uuid, nullable=False),
+    # The outcome once processed (done, skipped:<reason>, failed).
+    Column("outcome", String(64), nullable=True),
+    PrimaryKeyConstraint("batch_id", "run_id"),
+)
+
+# Lines handler code logged with ctx.logger, kept with their run (docs/adr/0027-run-logs.md).
+# ``seq`` orders a run's lines (1, 2, … up to TREADLE_RUN_LOG_MAX_LINES; the "N lines
+# dropped" summary, when there is one, sits at the top of the INTEGER range). ``origin``
+# names where the line was logged, deterministically across replays (``w:<position>:<n>``
+# in workflow code, ``s:<step_id>:<attempt>:<n>`` in a step attempt): a replay that logs a
+# line again finds its origin taken and appends nothing. ``message`` and ``fields`` are
+# JSON text (a string, an object), like every payload (app/core/json.py): PostgreSQL text
+# cannot hold NUL, JSON can spell it.
+run_logs = Table(
+    "run_logs",
+    metadata,
+    Column("id", BigIntPK, primary_key=True, autoincrement=True),
+    Column("tenant_id", String(128), nullable=False),
+    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("seq", Integer, nullable=False),
+    Column("origin", String(300), nullable=False),
+    Column("at", UtcDateTime, nullable=False),
+    Column("level", String(16), nullable=False),
+    Column("message", Text, nullable=False),
+    Column("fields", Text, nullable=True),
+    Column("step_id", String(255), nullable=True),
+    Column("attempt", Integer, nullable=True),
+    UniqueConstraint("run_id", "seq"),
+    UniqueConstraint("run_id", "origin"),
+)
+
+# Events posted to POST /events (revision 0020, docs/adr/0029-event-triggers.md). Named
+# "inbound" so they never read as the run timeline (``events``). ``key`` makes a post
+# idempotent per tenant; ``request_hash`` is the SHA-256 of its canonical name and data (a
+# retry must repeat them). ``started_run_ids``: JSON list of the runs its triggers started,
+# written with it. ``data`` is JSON text, like every payload (app/core/json.py).
+inbound_events = Table(
+    "inbound_events",
+    metadata,
+    Column("event_id", Uuid, primary_key=True),
+    Column("tenant_id", String(128), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("data", Text, nullable=False),
+    Column("key", String(255), nullable=True),
+    Column("request_hash", String(64), nullable=False),
+    Column("sent_by", String(255), nullable=False),
+    Column("received_at", UtcDateTime, nullable=False),
+    Column("started_run_ids", Text, nullable=False),
+    UniqueConstraint("tenant_id", "key"),
+    # A wait that starts looks back through the tenant's events of its name (UUIDv7 ids
+    # sort by arrival); GET /events lists newest first.
+    Index("ix_inbound_events_tenant_id_name_event_id", "tenant_id", "name", "event_id"),
+    Index("ix_inbound_events_tenant_id_event_id", "tenant_id", "event_id"),
+)
+
+# One row per ctx.wait_for_event: the mailbox an event is delivered into. ``status`` is
+# ``waiting`` until one compare-and-set moves it to ``delivered`` (``event_id`` set) or
+# ``timed_out``, so a delivery and a timeout racing each other cannot both win. ``match``
+# is the wait's JSON filter; ``since`` the run's creation time: events received from then
+# on are delivered, even before the wait started (docs/adr/0029-event-triggers.md).
+event_waits = Table(
+    "event_waits",
+    metadata,
+    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("step_id", String(255), nullable=False),
+    Column("tenant_id", String(128), nullable=False),
+    Column("name", String(200), nullable=False),
+    Column("match", Text, nullable=False),
+    Column("since", UtcDateTime, nullable=False),
+    Column("status", String(16), nullable=False),
+    Column("event_id", Uuid, nullable=True),
+    Column("delivered_at", UtcDateTime, nullable=True),
+    PrimaryKeyConstraint("run_id", "step_id"),
+    CheckConstraint("status IN ('waiting', 'delivered', 'timed_out')", name="status"),
+    Index("ix_event_waits_tenant_id_name_status", "tenant_id", "name", "status"),
+    Index("ix_event_waits_event_id", "event_id"),
+)
+
+webhook_endpoints = Table(
+    "webhook_endpoints",
+    metadata,
+    Column("endpoint_id", Uuid, primary_key=True),
+    Column("tenant_id", String(128), nullable=False),
+    Column("url", String(2048), nullable=False),
+    # The terminal run statuses it receives, comma-delimited with a comma at each end
+    # (",completed,failed,"), so one ``LIKE '%,' || status || ',%'`` matches it in the
+    # terminal write's own statement (app/db/queries/webhooks.py).
+    Column("events", String(200), nullable=False),
+    # Only runs of this workflow (None: every workflow of the tenant).
+    Column("workflow", String(200), nullable=True),
+    # The signing secret, ``whsec_`` + base64 (Standard Webhooks). Kept readable: the
+    # sender needs it to sign; the API shows it once, at creation.
+    Column("secret", String(100), nullable=False),
+    Column("created_by", String(255), nullable=False),
+    Column("created_at", UtcDateTime, nullable=False),
+    Index(None, "tenant_id", "endpoint_id"),
+)
+"""Per-tenant targets of outbound webhooks (docs/adr/0030-outbound-webhooks.md)."""
+
+webhook_deliveries = Table(
+    "webhook_deliveries",
+    metadata,
+    Column("delivery_id", Uuid, primary_key=True),
+    Column("tenant_id", String(128), nullable=False),
+    # No foreign key: a terminal write racing an endpoint's deletion must not fail on it
+    # (the run's outcome would be refused). Its rows are deleted with it; a row written by
+    # such a race is never claimed (the claim joins the endpoint).
+    Column("endpoint_id", Uuid, nullable=False),
+    # The terminal state delivered, copied in the terminal write: a later requeue or
+    # archive of the run does not change what this delivery says.
+    Column("run_id", Uuid, nullable=False),
+    Column("workflow", String(200), nullable=False),
+    Column("run_status", String(32), nullable=False),
+    Column("run_reason", String(64), nullable=True),
+    Column("finished_at", UtcDateTime, nullable=False),
+    # pending -> delivered | failed.
+    Column("state", String(16), nullable=False),
+    Column("attempts", Integer, nullable=False, server_default=text("0")),
+    # Due time of the next attempt; while an attempt is in flight, when its claim lapses
+    # (a sender killed mid-POST leaves it due again then). None once final.
+    Column("next_attempt_at", UtcDateTime, nullable=True),
+    Column("lease_owner", String(200), nullable=True),
+    Column("fence", BigInteger, nullable=False, server_default=text("0")),
+    Column("created_at", UtcDateTime, nullable=False),
+    Column("updated_at", UtcDateTime, nullable=False),
+    Index(None, "endpoint_id", "created_at", "delivery_id"),
+    # The sender's claim: due pending deliveries only.
+    Index(
+        "ix_webhook_deliveries_due",
+        "next_attempt_at",
+        postgresql_where=text("state = 'pending'"),
+        sqlite_where=text("state = 'pending'"),
+    ),
+)
+"""One row per (terminal state of a run, matching endpoint), written with the terminal state."""
+
+webhook_attempts = Table(
+    "webhook_attempts",
+    metadata,
+    Column(
+        "delivery_id",
+        Uuid,
+        ForeignKey("webhook_deliveries.delivery_id", ondelete="CASCADE"),
+        nullable=False,
+    ),
+    Column("attempt", Integer, nullable=False),
+    Column("started_at", UtcDateTime, nullable=False),
+    # None while in flight, or forever if the sender died mid-attempt.
+    Column("finished_at", UtcDateTime, nullable=True),
+    Column("http_status", Integer, nullable=True),
+    Column("error", Text, nullable=True),
+    PrimaryKeyConstraint("delivery_id", "attempt"),
+)
+"""Each POST of a delivery: when, and the HTTP status or the error."""

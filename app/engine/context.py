@@ -11,10 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel
 
-from app.engine import waits
+from app.core import json
+from app.core.event_match import MatchError, check_match
+from app.core.labels import MAX_LABELS, key_problem, value_problem
+from app.db.queries import run_labels as labels_q
+from app.engine import events, waits
 from app.engine.outcomes import COMPENSATION_SEQ_BASE, Compensation, step_name
 from app.sdk.context import ApprovalDecision, WorkflowContext
 from app.sdk.errors import NondeterminismError
+from app.sdk.events import ReceivedEvent
 from app.sdk.retry import DEFAULT_RETRY, RetryPolicy
 from app.sdk.workflow import WorkflowDefinition
 
@@ -41,6 +46,13 @@ class ReplayContext(WorkflowContext):
         self._seq = 0
         self._names: dict[str, int] = {}
         self._patches: dict[str, bool] = {}
+        # The run's labels as this execution knows them: the row's at claim, plus each
+        # set_label reached (journaled or new). Only the run's own workflow changes them.
+        self._labels = labels_q.decode(execution.run.get("labels"))
+        # ctx.logger knows replays by the journal position workflow code has reached.
+        self.logger = execution.logbook
+        execution.logbook.follow(lambda: self._seq)
+        execution.emitter.follow(lambda: self._seq)
 
     def _assign(self, base: str, kind: str, fn_name: str) -> tuple[str, int, RowMapping | None]:
         seq = self._seq
@@ -179,7 +191,9 @@ class ReplayContext(WorkflowContext):
             step_id, seq, entry = self._assign("sleep", "timer", "sleep")
         except NondeterminismError as err:
             return _raise(err)
-        return waits.timer(self._exec, step_id=step_id, seq=seq, entry=entry, seconds=seconds)
+        return self._exec.journaling(
+            waits.timer(self._exec, step_id=step_id, seq=seq, entry=entry, seconds=seconds)
+        )
 
     def sleep_until(self, when: datetime) -> Coroutine[Any, Any, None]:
         """See :meth:`app.sdk.context.WorkflowContext.sleep_until`."""
@@ -189,7 +203,9 @@ class ReplayContext(WorkflowContext):
             step_id, seq, entry = self._assign("sleep", "timer", "sleep")
         except NondeterminismError as err:
             return _raise(err)
-        return waits.timer(self._exec, step_id=step_id, seq=seq, entry=entry, until=when)
+        return self._exec.journaling(
+            waits.timer(self._exec, step_id=step_id, seq=seq, entry=entry, until=when)
+        )
 
     def signal(self, name: str, *, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
         """See :meth:`app.sdk.context.WorkflowContext.signal`."""
@@ -200,9 +216,45 @@ class ReplayContext(WorkflowContext):
             step_id, seq, entry = self._assign(f"signal:{name}", "signal", name)
         except NondeterminismError as err:
             return _raise(err)
-        return waits.signal(
-            self._exec, step_id=step_id, seq=seq, entry=entry, name=name, timeout=timeout
+        return self._exec.journaling(
+            waits.signal(
+                self._exec, step_id=step_id, seq=seq, entry=entry, name=name, timeout=timeout
+            )
         )
+
+    def wait_for_event(
+        self,
+        name: str,
+        *,
+        match: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> Coroutine[Any, Any, ReceivedEvent]:
+        """See :meth:`app.sdk.context.WorkflowContext.wait_for_event`."""
+        waits.check_wait_name(name)
+        try:
+            checked = check_match("match", match)
+        except MatchError as exc:
+            raise ValueError(str(exc)) from None
+        if timeout is not None and timeout <= 0:
+            raise ValueError("wait_for_event timeout must be > 0 seconds")
+        try:
+            step_id, seq, entry = self._assign(f"event:{name}", "event", name)
+        except NondeterminismError as err:
+            return _raise(err)
+
+        async def wait() -> ReceivedEvent:
+            value = await events.wait_for_event(
+                self._exec,
+                step_id=step_id,
+                seq=seq,
+                entry=entry,
+                name=name,
+                match=checked,
+                timeout=timeout,
+            )
+            return ReceivedEvent.model_validate(value)
+
+        return self._exec.journaling(wait())
 
     def approval(
         self,
@@ -225,20 +277,22 @@ class ReplayContext(WorkflowContext):
             step_id, seq, entry = self._assign(name, "approval", name)
         except NondeterminismError as err:
             return _raise(err)
-        return waits.approval(
-            self,
-            self._exec,
-            step_id=step_id,
-            seq=seq,
-            entry=entry,
-            config=waits.ApprovalConfig(
-                group=group,
-                payload=payload,
-                timeout=timeout,
-                approvals=approvals,
-                self_approval=self_approval,
-            ),
-            on_reject=on_reject,
+        return self._exec.journaling(
+            waits.approval(
+                self,
+                self._exec,
+                step_id=step_id,
+                seq=seq,
+                entry=entry,
+                config=waits.ApprovalConfig(
+                    group=group,
+                    payload=payload,
+                    timeout=timeout,
+                    approvals=approvals,
+                    self_approval=self_approval,
+                ),
+                on_reject=on_reject,
+            )
         )
 
     def child(
@@ -247,9 +301,10 @@ class ReplayContext(WorkflowContext):
         input: Any,
         *,
         version: str | None = None,
+        inherit_labels: bool = False,
     ) -> Coroutine[Any, Any, Any]:
         """See :meth:`app.sdk.context.WorkflowContext.child`."""
-        return self._child(workflow, input, version, detached=False)
+        return self._child(workflow, input, version, detached=False, inherit_labels=inherit_labels)
 
     def start_child(
         self,
@@ -257,9 +312,10 @@ class ReplayContext(WorkflowContext):
         input: Any,
         *,
         version: str | None = None,
+        inherit_labels: bool = False,
     ) -> Coroutine[Any, Any, Any]:
         """See :meth:`app.sdk.context.WorkflowContext.start_child`."""
-        return self._child(workflow, input, version, detached=True)
+        return self._child(workflow, input, version, detached=True, inherit_labels=inherit_labels)
 
     def _child(
         self,
@@ -268,6 +324,7 @@ class ReplayContext(WorkflowContext):
         version: str | None,
         *,
         detached: bool,
+        inherit_labels: bool,
     ) -> Coroutine[Any, Any, Any]:
         if isinstance(workflow, WorkflowDefinition):
             name, version = workflow.name, version or workflow.version
@@ -279,16 +336,23 @@ class ReplayContext(WorkflowContext):
             step_id, seq, entry = self._assign(f"child:{name}", "child", name)
         except NondeterminismError as err:
             return _raise(err)
-        return waits.child(
-            self._exec,
-            step_id=step_id,
-            seq=seq,
-            entry=entry,
-            workflow=name,
-            input_value=input_value,
-            version=version,
-            detached=detached,
+        return self._exec.journaling(
+            waits.child(
+                self._exec,
+                step_id=step_id,
+                seq=seq,
+                entry=entry,
+                workflow=name,
+                input_value=input_value,
+                version=version,
+                detached=detached,
+                labels=dict(self._labels) if inherit_labels else {},
+            )
         )
+
+    def emit(self, name: str, data: Any = None) -> None:
+        """See :meth:`app.sdk.context.WorkflowContext.emit` (app/engine/emitter.py)."""
+        self._exec.emitter.emit(name, data)
 
     def patched(self, change_id: str) -> bool:
         """See :meth:`app.sdk.context.WorkflowContext.patched`.
@@ -350,6 +414,30 @@ class ReplayContext(WorkflowContext):
         """See :meth:`app.sdk.context.WorkflowContext.random`."""
         return self._value("random", _random.random, float)
 
+    def set_label(self, key: str, value: str) -> Coroutine[Any, Any, None]:
+        """See :meth:`app.sdk.context.WorkflowContext.set_label`.
+
+        Checked before a position is taken, so a refused label raises ``ValueError`` in
+        the workflow and journals nothing.
+        """
+        problem = key_problem(key) or value_problem(value)
+        if problem is None and key not in self._labels and len(self._labels) >= MAX_LABELS:
+            problem = f"a run has at most {MAX_LABELS} labels; {key!r} would be one more"
+        if problem is not None:
+            raise ValueError(f"ctx.set_label({str(key)[:64]!r}, ...): {problem}")
+        try:
+            step_id, seq, entry = self._assign("label", "value", "label")
+        except NondeterminismError as err:
+            return _raise(err)
+        if entry is not None:
+            # Replay: the journal's label stands, whatever the code passes now.
+            journaled = json.loads(entry["output"]) or {}
+            key, value = str(journaled.get("key", key)), str(journaled.get("value", value))
+        self._labels[key] = value
+        return self._exec.journaling(
+            waits.label(self._exec, step_id=step_id, seq=seq, entry=entry, key=key, value=value)
+        )
+
     def _value(
         self, kind_name: str, produce: Callable[[], Any], decode: Callable[[Any], Any]
     ) -> Coroutine[Any, Any, Any]:
@@ -357,8 +445,10 @@ class ReplayContext(WorkflowContext):
             step_id, seq, entry = self._assign(kind_name, "value", kind_name)
         except NondeterminismError as err:
             return _raise(err)
-        return waits.value(
-            self._exec, step_id=step_id, seq=seq, entry=entry, produce=produce, decode=decode
+        return self._exec.journaling(
+            waits.value(
+                self._exec, step_id=step_id, seq=seq, entry=entry, produce=produce, decode=decode
+            )
         )
 
 

@@ -29,7 +29,7 @@ from app.db.queries import runs as runs_q
 from app.db.queries import signals as signals_q
 from app.db.queries import steps as steps_q
 from app.db.tables import steps
-from app.engine import slots
+from app.engine import slots, webhooks
 from app.engine.waits import resolve_decisions
 from app.engine.wakeup import notify
 
@@ -78,14 +78,31 @@ async def cancel(
         RunNotFound: not this tenant's run (or not visible to ``owner``).
         RunFinished: the run already finished otherwise (409).
     """
+    return await db.write_retrying(
+        lambda conn: cancel_in(
+            conn, tenant_id=tenant_id, run_id=run_id, actor=actor, reason=reason, owner=owner
+        ),
+        what="cancel",
+    )
 
-    async def cancel_tx(conn: AsyncConnection) -> RowMapping:
-        await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)  # 404 before anything
-        return await _cancel_in(
-            conn, tenant_id=tenant_id, run_id=run_id, actor=actor, reason=reason
-        )
 
-    row = await db.write_retrying(cancel_tx, what="cancel")
+async def cancel_in(
+    conn: AsyncConnection,
+    *,
+    tenant_id: str,
+    run_id: uuid.UUID,
+    actor: str,
+    reason: str | None,
+    owner: str | None = None,
+) -> RowMapping:
+    """:func:`cancel` inside the caller's transaction (a batch chunk commits it).
+
+    Raises:
+        RunNotFound: not this tenant's run (or not visible to ``owner``).
+        RunFinished: the run already finished otherwise (nothing written).
+    """
+    await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)  # 404 before anything
+    row = await _cancel_in(conn, tenant_id=tenant_id, run_id=run_id, actor=actor, reason=reason)
     if row["status"] not in (
         RunStatus.CANCELLED.value,
         RunStatus.CANCELLING.value,
@@ -105,6 +122,18 @@ async def _cancel_in(
     """Cancel one run and, recursively, the joined children it waits for."""
     run = await runs_q.lock_run(conn, tenant_id, run_id)  # 404 for other tenants
     status = RunStatus(run["status"])
+    if run["paused_at"] is not None and not status.is_terminal:
+        # A cancel wins over a pause (docs/adr/0021-pause-is-a-flag-beside-the-status.md):
+        # a run with compensations must be claimed to be undone, so the pause ends here.
+        await runs_q.clear_pause(conn, run_id=run_id)
+        await events_q.append(
+            conn,
+            run_id=run_id,
+            tenant_id=tenant_id,
+            kind=EventKind.RUN_UNPAUSED,
+            actor=actor,
+            data={"by": "cancel"},
+        )
     if not status.is_terminal:
         for child_id in await _joined_children(conn, run_id):
             await _cancel_in(
@@ -145,6 +174,7 @@ async def _cancel_in(
             actor=actor,
             data={"reason": reason},
         )
+        await webhooks.run_became_terminal(conn, run_id)
         # The cancelled run's concurrency slot goes to the key's oldest waiter.
         if await slots.release(conn, run):
             await notify(conn)
@@ -203,35 +233,59 @@ async def send_signal(
     """
     text = json.dumps_limited(payload, settings.max_payload_bytes, "signal payload")
 
-    async def signal_tx(conn: AsyncConnection) -> int:
-        run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
-        _require_live(run)
-        buffered = await signals_q.count_buffered(conn, run_id)
-        limit = settings.max_signals_buffered_per_run
-        if buffered >= limit:
-            raise CeilingExceeded(
-                f"run {run_id} already has {buffered} unconsumed signals "
-                f"(TREADLE_MAX_SIGNALS_BUFFERED_PER_RUN={limit}); retry once it consumes some",
-                ceiling="max_signals_buffered_per_run",
-                limit=limit,
-            )
-        signal_id = await signals_q.insert_signal(
-            conn, run_id=run_id, tenant_id=tenant_id, name=name, payload=text, sent_by=actor
-        )
-        await events_q.append(
+    return await db.write_retrying(
+        lambda conn: signal_in(
             conn,
-            run_id=run_id,
+            settings,
             tenant_id=tenant_id,
-            kind=EventKind.SIGNAL_RECEIVED,
+            run_id=run_id,
+            name=name,
+            payload_text=text,
             actor=actor,
-            data={"signal": name, "signal_id": signal_id},
-        )
-        if run["status"] == RunStatus.WAITING_SIGNAL.value:
-            await runs_q.make_due(conn, run_id=run_id)
-            await notify(conn)
-        return signal_id
+            owner=owner,
+        ),
+        what="signal",
+    )
 
-    return await db.write_retrying(signal_tx, what="signal")
+
+async def signal_in(
+    conn: AsyncConnection,
+    settings: Settings,
+    *,
+    tenant_id: str,
+    run_id: uuid.UUID,
+    name: str,
+    payload_text: str,
+    actor: str,
+    owner: str | None,
+) -> int:
+    """:func:`send_signal` inside the caller's transaction, the payload already encoded."""
+    run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
+    _require_live(run)
+    buffered = await signals_q.count_buffered(conn, run_id)
+    limit = settings.max_signals_buffered_per_run
+    if buffered >= limit:
+        raise CeilingExceeded(
+            f"run {run_id} already has {buffered} unconsumed signals "
+            f"(TREADLE_MAX_SIGNALS_BUFFERED_PER_RUN={limit}); retry once it consumes some",
+            ceiling="max_signals_buffered_per_run",
+            limit=limit,
+        )
+    signal_id = await signals_q.insert_signal(
+        conn, run_id=run_id, tenant_id=tenant_id, name=name, payload=payload_text, sent_by=actor
+    )
+    await events_q.append(
+        conn,
+        run_id=run_id,
+        tenant_id=tenant_id,
+        kind=EventKind.SIGNAL_RECEIVED,
+        actor=actor,
+        data={"signal": name, "signal_id": signal_id},
+    )
+    if run["status"] == RunStatus.WAITING_SIGNAL.value:
+        await runs_q.make_due(conn, run_id=run_id)
+        await notify(conn)
+    return signal_id
 
 
 async def decide_approval(
@@ -371,37 +425,58 @@ async def requeue_dead_letter(
             run waits for a slot instead: in submission order, so ahead of runs
             submitted after it.
     """
-
-    async def requeue_tx(conn: AsyncConnection) -> RowMapping:
-        dl = await dl_q.lock_for_requeue(conn, tenant_id=tenant_id, dead_letter_id=dead_letter_id)
-        try:
-            run = await runs_q.lock_run(conn, tenant_id, dl["run_id"], owner=owner) if dl else None
-        except RunNotFound:
-            run = None  # another owner's run: its dead letter does not exist for the caller
-        if dl is None or run is None:
-            raise DeadLetterNotFound(f"dead letter {dead_letter_id} not found")
-        if dl["status"] != "pending":
-            raise InvalidState(f"dead letter {dead_letter_id} was already {dl['status']}")
-        if run["status"] != RunStatus.FAILED.value:
-            raise InvalidState(f"run {run['run_id']} is {run['status']!r}, not failed")
-        if run["compacted_at"] is not None:
-            # Its input and journal outputs are gone: a re-run could not replay.
-            raise InvalidState(
-                f"run {run['run_id']} was compacted by maintenance; its payloads are gone, "
-                "so it cannot be re-run (submit a new run instead)"
-            )
-        updated = await _requeue_run(
+    return await db.write_retrying(
+        lambda conn: requeue_in(
             conn,
-            run,
+            tenant_id=tenant_id,
             dead_letter_id=dead_letter_id,
             actor=actor,
             reason=reason,
             correlation_id=correlation_id,
-        )
-        await notify(conn)
-        return updated
+            owner=owner,
+        ),
+        what="requeue",
+    )
 
-    return await db.write_retrying(requeue_tx, what="requeue")
+
+async def requeue_in(
+    conn: AsyncConnection,
+    *,
+    tenant_id: str,
+    dead_letter_id: uuid.UUID,
+    actor: str,
+    reason: str,
+    correlation_id: str | None,
+    owner: str | None,
+) -> RowMapping:
+    """:func:`requeue_dead_letter` inside the caller's transaction (same errors)."""
+    dl = await dl_q.lock_for_requeue(conn, tenant_id=tenant_id, dead_letter_id=dead_letter_id)
+    try:
+        run = await runs_q.lock_run(conn, tenant_id, dl["run_id"], owner=owner) if dl else None
+    except RunNotFound:
+        run = None  # another owner's run: its dead letter does not exist for the caller
+    if dl is None or run is None:
+        raise DeadLetterNotFound(f"dead letter {dead_letter_id} not found")
+    if dl["status"] != "pending":
+        raise InvalidState(f"dead letter {dead_letter_id} was already {dl['status']}")
+    if run["status"] != RunStatus.FAILED.value:
+        raise InvalidState(f"run {run['run_id']} is {run['status']!r}, not failed")
+    if run["compacted_at"] is not None:
+        # Its input and journal outputs are gone: a re-run could not replay.
+        raise InvalidState(
+            f"run {run['run_id']} was compacted by maintenance; its payloads are gone, "
+            "so it cannot be re-run (submit a new run instead)"
+        )
+    updated = await _requeue_run(
+        conn,
+        run,
+        dead_letter_id=dead_letter_id,
+        actor=actor,
+        reason=reason,
+        correlation_id=correlation_id,
+    )
+    await notify(conn)
+    return updated
 
 
 async def _requeue_run(
@@ -542,8 +617,15 @@ async def pending_dead_letter_id(
         InvalidState: the run has no pending dead letter (it is not failed).
     """
     async with db.read() as conn:
-        run = await runs_q.get_run(conn, tenant_id, run_id, owner=owner)
-        found = await dl_q.pending_for_run(conn, run_id)
+        return await pending_dead_letter_in(conn, tenant_id=tenant_id, run_id=run_id, owner=owner)
+
+
+async def pending_dead_letter_in(
+    conn: AsyncConnection, *, tenant_id: str, run_id: uuid.UUID, owner: str | None
+) -> uuid.UUID:
+    """:func:`pending_dead_letter_id` on the caller's connection (same errors)."""
+    run = await runs_q.get_run(conn, tenant_id, run_id, owner=owner)
+    found = await dl_q.pending_for_run(conn, run_id)
     if found is None:
         raise InvalidState(f"run {run_id} is {run['status']!r}: nothing to retry")
     return uuid.UUID(str(found["dead_letter_id"]))
@@ -563,17 +645,124 @@ async def resume(
         RunNotFound: not this tenant's run.
         InvalidState: the run is not waiting (409).
     """
+    return await db.write_retrying(
+        lambda conn: resume_in(conn, tenant_id=tenant_id, run_id=run_id, actor=actor, owner=owner),
+        what="resume",
+    )
 
-    async def resume_tx(conn: AsyncConnection) -> RowMapping:
-        run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
-        if not await runs_q.make_due_for_resume(conn, run_id=run_id):
-            raise InvalidState(f"run {run_id} is {run['status']!r}, not waiting")
-        # A step waiting out its retry backoff tries again now; timers keep their time.
-        await steps_q.retry_backoffs_now(conn, run_id)
-        await events_q.append(
-            conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_RESUMED, actor=actor
-        )
-        await notify(conn)
-        return await runs_q.get_run(conn, tenant_id, run_id)
 
-    return await db.write_retrying(resume_tx, what="resume")
+async def resume_in(
+    conn: AsyncConnection, *, tenant_id: str, run_id: uuid.UUID, actor: str, owner: str | None
+) -> RowMapping:
+    """:func:`resume` inside the caller's transaction (raises the same errors)."""
+    run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
+    if not await runs_q.make_due_for_resume(conn, run_id=run_id):
+        raise InvalidState(f"run {run_id} is {run['status']!r}, not waiting")
+    # A step waiting out its retry backoff tries again now; timers keep their time.
+    await steps_q.retry_backoffs_now(conn, run_id)
+    await events_q.append(
+        conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_RESUMED, actor=actor
+    )
+    await notify(conn)
+    return await runs_q.get_run(conn, tenant_id, run_id)
+
+
+async def pause(
+    db: Database,
+    *,
+    tenant_id: str,
+    run_id: uuid.UUID,
+    actor: str,
+    reason: str | None,
+    owner: str | None = None,
+) -> tuple[RowMapping, bool]:
+    """Pause a live run: it takes no new step and is never claimed until unpaused.
+
+    The status stays what it was (docs/adr/0021-pause-is-a-flag-beside-the-status.md);
+    ``paused_at``, ``paused_by`` and ``pause_reason`` say who paused it, when and why. An
+    attempt in flight finishes and checkpoints, then its worker releases the run at the
+    next pause point. Timers, retries, signals and decisions falling due meanwhile stay
+    due and are acted on after unpause. Pausing a paused run changes nothing (the first
+    pause is kept).
+
+    Returns:
+        ``(run row, changed)``: changed is False when the run was already paused.
+
+    Raises:
+        RunNotFound: not this tenant's run (or not visible to ``owner``).
+        RunFinished: the run is terminal (409).
+    """
+    return await db.write_retrying(
+        lambda conn: pause_in(
+            conn, tenant_id=tenant_id, run_id=run_id, actor=actor, reason=reason, owner=owner
+        ),
+        what="pause",
+    )
+
+
+async def pause_in(
+    conn: AsyncConnection,
+    *,
+    tenant_id: str,
+    run_id: uuid.UUID,
+    actor: str,
+    reason: str | None,
+    owner: str | None,
+) -> tuple[RowMapping, bool]:
+    """:func:`pause` inside the caller's transaction (same result and errors)."""
+    run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
+    _require_live(run)
+    if run["paused_at"] is not None:
+        return run, False
+    await runs_q.set_pause(conn, run_id=run_id, paused_by=actor, reason=reason)
+    await events_q.append(
+        conn,
+        run_id=run_id,
+        tenant_id=tenant_id,
+        kind=EventKind.RUN_PAUSED,
+        actor=actor,
+        data={"reason": reason, "status": run["status"]},
+    )
+    return await runs_q.get_run(conn, tenant_id, run_id), True
+
+
+async def unpause(
+    db: Database, *, tenant_id: str, run_id: uuid.UUID, actor: str, owner: str | None = None
+) -> RowMapping:
+    """Unpause a paused run: claimable again, and whatever fell due meanwhile fires.
+
+    Its ``available_at`` was kept through the pause, so a timer or retry that came due,
+    a signal or decision that made it due, or the expired lease of a worker that died
+    while it was paused, makes it claimable at once; a wait still in the future keeps
+    its time.
+
+    Raises:
+        RunNotFound: not this tenant's run (or not visible to ``owner``).
+        RunFinished: the run is terminal (409).
+        InvalidState: the run is not paused (409).
+    """
+    return await db.write_retrying(
+        lambda conn: unpause_in(conn, tenant_id=tenant_id, run_id=run_id, actor=actor, owner=owner),
+        what="unpause",
+    )
+
+
+async def unpause_in(
+    conn: AsyncConnection, *, tenant_id: str, run_id: uuid.UUID, actor: str, owner: str | None
+) -> RowMapping:
+    """:func:`unpause` inside the caller's transaction (same errors)."""
+    run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
+    _require_live(run)
+    if run["paused_at"] is None:
+        raise InvalidState(f"run {run_id} is not paused (status {run['status']!r})")
+    await runs_q.clear_pause(conn, run_id=run_id)
+    await events_q.append(
+        conn,
+        run_id=run_id,
+        tenant_id=tenant_id,
+        kind=EventKind.RUN_UNPAUSED,
+        actor=actor,
+        data={"paused_by": run["paused_by"], "reason": run["pause_reason"]},
+    )
+    await notify(conn)
+    return await runs_q.get_run(conn, tenant_id, run_id)

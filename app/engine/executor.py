@@ -12,11 +12,13 @@ See docs/adr/0003-replay-model.md.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import inspect
+import sys
 import time
 import typing
 import uuid
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,7 +27,7 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core import json, metrics
+from app.core import json, metrics, tracing
 from app.core.errors import CeilingExceeded, CheckpointFault, InvalidInput, PayloadTooLarge
 from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus, StepStatus
@@ -33,10 +35,14 @@ from app.db.database import Database
 from app.db.faults import classify, retry_conflicts
 from app.db.queries import checkpoints as checkpoints_q
 from app.db.queries import events as events_q
+from app.db.queries import run_logs as run_logs_q
 from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
-from app.engine import transactions
+from app.engine import story_log, transactions
+from app.engine.emitter import RunEmitter
+from app.engine.logbook import RunLogBook
 from app.engine.outcomes import (
+    COMPENSATION_SEQ_BASE,
     CancelPoint,
     Compensation,
     Completed,
@@ -44,6 +50,7 @@ from app.engine.outcomes import (
     Outcome,
     PendingWait,
     Suspended,
+    describe_errors_for,
     error_info,
     step_name,
 )
@@ -130,6 +137,9 @@ class RunExecution:
         self._ready = asyncio.Event()
         # Tasks currently inside run_step (gather wraps each ctx.step in its own task).
         self._step_tasks: set[asyncio.Task[Any]] = set()
+        # Branches inside a wait's or a value's own journal writes, by nesting depth; each
+        # level counts in _active, so no branch's suspension releases the run meanwhile.
+        self._journaling: dict[asyncio.Task[Any], int] = {}
         self.nondeterminism: NondeterminismError | None = None
         self.failure: Failed | None = None
         # A cancelled run is replayed only to rebuild its compensations, never to advance.
@@ -155,6 +165,27 @@ class RunExecution:
         # PostgreSQL: a plain step's checkpoints are one statement each, in autocommit
         # (app/db/queries/checkpoints.py); SQLite keeps fenced multi-statement writes.
         self.single_statement_checkpoints = self.db.dialect == "postgresql"
+        # ctx.logger: lines wait here for the next fenced write (docs/adr/0027-run-logs.md).
+        body_seqs = [s for s in self.journal_by_seq if s < COMPENSATION_SEQ_BASE]
+        self.logbook = RunLogBook(
+            run_id=self.run_id,
+            workflow=definition.name,
+            worker_id=worker_id,
+            horizon=max(body_seqs) + 1 if body_seqs else 0,
+            clock=self.db_now,
+            max_line_bytes=settings.run_log_max_line_bytes,
+            max_lines=settings.run_log_max_lines,
+        )
+        # ctx.emit: workflow emits ride on write() like log lines, step emits are written
+        # as made (docs/adr/0028-live-event-streams.md).
+        self.emitter = RunEmitter(
+            run_id=self.run_id,
+            horizon=max(body_seqs) + 1 if body_seqs else 0,
+            clock=self.db_now,
+            max_bytes=settings.emit_max_bytes,
+            max_per_run=settings.emit_max_per_run,
+            write_steps=self._write_emits,
+        )
 
     def db_now(self) -> datetime:
         """The database clock, estimated from the claim time plus local monotonic time."""
@@ -183,10 +214,30 @@ class RunExecution:
                 timeout, conflicts past the retries); nothing was written and the worker
                 gives the run back instead of letting the fault reach workflow code.
         """
+        # Step emits made so far first (their own fenced write): a step's emits precede
+        # its result, and an emit from a parallel branch is not held behind a checkpoint.
+        await self.emitter.flush_steps()
         markers = list(self.pending_markers)
+        # Lines logged so far commit with this write, after its fence check: a lost lease
+        # appends none, and a line logged before a journaled point is kept when it is.
+        # Workflow emits likewise.
+        lines, overflow = self.logbook.take()
+        emits = self.emitter.take_workflow()
 
         async def checkpoint(conn: AsyncConnection) -> None:
             await runs_q.check_fence(conn, self.run_id, self.fence)
+            await events_q.append_emits(
+                conn, run_id=self.run_id, tenant_id=self.tenant_id, emits=emits
+            )
+            if lines or overflow:
+                await run_logs_q.append(
+                    conn,
+                    run_id=self.run_id,
+                    tenant_id=self.tenant_id,
+                    lines=lines,
+                    max_lines=self.settings.run_log_max_lines,
+                    also_dropped=overflow,
+                )
             # ctx.patched markers go first, in the same transaction: no later step can
             # be journaled without the marker that decided its path.
             for step_id, seq, change_id in markers:
@@ -210,7 +261,11 @@ class RunExecution:
                 await single(conn)
 
         try:
-            if single is not None and self.single_statement_checkpoints and not markers:
+            if (
+                single is not None
+                and self.single_statement_checkpoints
+                and not (markers or lines or overflow or emits)
+            ):
                 attempts = self.settings.db_retry_attempts
                 await retry_conflicts(alone, attempts=attempts, what="checkpoint")
             else:
@@ -222,14 +277,54 @@ class RunExecution:
             raise CheckpointFault(self.run_id, fault.value) from exc
         del self.pending_markers[: len(markers)]
 
+    async def _write_emits(self, emits: list[events_q.Emit]) -> None:
+        """Append a batch of step emits in a fenced transaction of its own (see write)."""
+
+        async def append(conn: AsyncConnection) -> None:
+            await runs_q.check_fence(conn, self.run_id, self.fence)
+            await events_q.append_emits(
+                conn, run_id=self.run_id, tenant_id=self.tenant_id, emits=emits
+            )
+
+        try:
+            await self.db.write_retrying(append, what="emit")
+        except Exception as exc:
+            fault = classify(exc)
+            if fault is None:
+                raise
+            raise CheckpointFault(self.run_id, fault.value) from exc
+
+    async def _flush_logs(self) -> None:
+        # Step emits first, waiting for a batch the writer task has in flight (it holds
+        # the flush lock), so closing the emitter afterwards cancels no write.
+        await self.emitter.flush_steps()
+        if self.logbook.pending or self.emitter.pending:
+
+            async def nothing_else(conn: AsyncConnection) -> None:
+                del conn  # the lines are the write (see write)
+
+            await self.write(nothing_else)
+
     async def execute(self) -> Outcome:
         """Replay and advance the run until it completes, fails or must wait.
+
+        Lines ``ctx.logger`` logged after the execution's last checkpoint are appended
+        before the outcome is returned (a small fenced write of their own).
 
         Raises:
             LeaseLost: a checkpoint found the fence moved; the caller abandons the run.
             CheckpointFault: a checkpoint met a transient database fault; the caller
                 gives the run back (see :meth:`write`).
         """
+        describe_errors_for(str(self.run_id), self.definition.name, self.settings.error_tracebacks)
+        try:
+            outcome = await self._advance()
+            await self._flush_logs()
+        finally:
+            await self.emitter.close()
+        return outcome
+
+    async def _advance(self) -> Outcome:
         try:
             # Parsed with the stdlib first: pydantic's JSON parser refuses lone surrogates,
             # which JSON text (and our payload encoding) allows.
@@ -245,11 +340,14 @@ class RunExecution:
                     ),
                 },
             )
+        kept_emits = 0
         if self.journal:
-            # A resumed run: count its timeline once per claim for the events ceiling (an
-            # index range scan). Fresh runs have a single event and skip the query.
+            # A resumed run: count its timeline once per claim for the events ceiling and
+            # the emits ceiling (one index range scan). Fresh runs have a single event
+            # and skip the query.
             async with self.db.read() as conn:
-                self.events_at_claim = await events_q.count_for_run(conn, self.run_id)
+                self.events_at_claim, kept_emits = await events_q.counts_for_run(conn, self.run_id)
+        self.emitter.start(kept_emits)
         from app.engine.context import ReplayContext
 
         ctx = ReplayContext(self)
@@ -306,6 +404,34 @@ class RunExecution:
         """
         if self.cancelling or self.compensating:
             raise CancelPoint()
+
+    async def pause_point(self) -> None:
+        """Release the run here, before new work, if an operator paused it.
+
+        Called where :meth:`cancel_point` is: before a step's first attempt and before a
+        wait journals or re-checks. The attempt in flight when the pause was written
+        finishes and checkpoints first (a pause moves no fence); the run is then released
+        ``queued`` and due at once, and no claim takes it until it is unpaused
+        (docs/adr/0021-pause-is-a-flag-beside-the-status.md). One primary-key read per
+        new step; an undoing run is not paused (its undo is what cancel asked for).
+
+        Raises:
+            CheckpointFault: the read met a transient database fault.
+        """
+        if self.cancelling or self.compensating:
+            return
+        try:
+            async with self.db.read() as conn:
+                paused = await runs_q.is_paused(conn, self.run_id)
+        except Exception as exc:
+            # A transient fault here is the checkpoint's: the worker gives the run back
+            # (see :meth:`write`); it must never reach workflow code as its failure.
+            fault = classify(exc)
+            if fault is None:
+                raise
+            raise CheckpointFault(self.run_id, fault.value) from exc
+        if paused:
+            await self.suspend(PendingWait(0.0, RunStatus.QUEUED, "pause", "pause"))
 
     def _cause_being_undone(self, body: asyncio.Task[Any]) -> Failed:
         """Why a ``compensating`` run is undone.
@@ -459,13 +585,67 @@ class RunExecution:
         if self._suspends and self._active == 0:
             self._ready.set()
 
+    async def journaling(self, work: Awaitable[T]) -> T:
+        """Await a wait's or a value's own journal work as a step attempt is awaited.
+
+        ``ctx.child``, ``ctx.signal``, ``ctx.sleep``, ``ctx.approval`` and ``ctx.now``
+        write their journal entry (and create a child) before they park or return. While
+        a branch is in that work, another branch's :meth:`suspend` does not release the
+        run: parallel waits (``asyncio.gather`` of two children) are all journaled, and
+        their children all created, in the execution that reached them, not one per
+        execution. The hold ends when ``work`` returns or raises, when the branch parks
+        in :meth:`suspend`, and for the length of :meth:`idle`.
+        """
+        task = asyncio.current_task()
+        assert task is not None, "journal work runs inside the execution's tasks"
+        self._journaling[task] = self._journaling.get(task, 0) + 1
+        self._active += 1
+        try:
+            return await work
+        finally:
+            if self._journaling.get(task, 0) > 0:
+                self._let_go(task, 1)
+
+    @contextlib.asynccontextmanager
+    async def idle(self) -> AsyncIterator[None]:
+        """Within the block the current branch holds no release (an inline timer sleep).
+
+        The holds come back only when the block ends normally: a branch cancelled while
+        idle holds nothing, so compensation after a release starts from ``_active == 0``.
+        """
+        task = asyncio.current_task()
+        assert task is not None
+        held = self._journaling.get(task, 0)
+        self._let_go(task, held)
+        yield
+        if held:
+            self._journaling[task] = self._journaling.get(task, 0) + held
+            self._active += held
+
+    def _let_go(self, task: asyncio.Task[Any], levels: int) -> None:
+        if levels <= 0:
+            return
+        left = self._journaling.get(task, 0) - levels
+        if left > 0:
+            self._journaling[task] = left
+        else:
+            self._journaling.pop(task, None)
+        self._active -= levels
+        self._check_ready()
+
     async def suspend(self, wait: PendingWait) -> typing.NoReturn:
         """Ask to release the run until ``wait`` is due or woken; never returns.
 
-        The run is released once no other step of this execution is mid-attempt, so
-        parallel branches checkpoint what they are doing first.
+        The run is released once no other branch of this execution is mid-attempt or in
+        a wait's journal work (:meth:`journaling`), so parallel branches checkpoint what
+        they are doing first.
         """
         self._suspends.append(wait)
+        story_log.waiting(wait, self.db_now())
+        tracing.wait_event(wait.kind, wait.name, wait.delay)
+        task = asyncio.current_task()
+        if task is not None:
+            self._let_go(task, self._journaling.get(task, 0))
         self._check_ready()
         # Park this branch; the executor cancels the body once every branch is idle.
         await asyncio.get_running_loop().create_future()
@@ -540,6 +720,7 @@ class RunExecution:
             return adapter.validate_python(json.loads(entry["output"]))
         if kind != "compensation":
             self.cancel_point()
+            await self.pause_point()
         marks: dict[str, Any] = {}
         if compensation is not None:
             marks["compensate"] = step_name(compensation.fn)
@@ -598,6 +779,7 @@ class RunExecution:
             metrics.STEP_ATTEMPTS.labels(workflow).inc()
             started = time.monotonic()
             outcome = "failed"
+            logged = story_log.step_started(step_id, attempt, kind=kind, name=name)
             try:
                 result = await self._attempt(
                     step_id,
@@ -616,6 +798,9 @@ class RunExecution:
                 outcome = "retry" if isinstance(result, _Retry) else "succeeded"
             finally:
                 metrics.STEP_DURATION.labels(workflow, outcome).observe(time.monotonic() - started)
+                # Only an attempt that raised reads the exception being raised.
+                raised = sys.exc_info()[1] if outcome == "failed" else None
+                story_log.step_finished(logged, outcome, time.monotonic() - started, raised)
                 self._active -= 1
                 self._check_ready()
             if not isinstance(result, _Retry):
@@ -688,6 +873,7 @@ class RunExecution:
             attempt=attempt,
             idempotency_key=f"{self.run_id}:{step_id}",
             workflow=self.definition.name,
+            logger=self.logbook,
         )
         token = _current_step.set(info)
         try:
@@ -695,7 +881,13 @@ class RunExecution:
                 call: Awaitable[Any] = fn(*args)
             else:
                 call = asyncio.to_thread(fn, *args)
-            value = await asyncio.wait_for(call, timeout) if timeout else await call
+            value = await tracing.step_call(
+                asyncio.wait_for(call, timeout) if timeout else call,
+                step_id=step_id,
+                name=name,
+                attempt=attempt,
+                kind=kind,
+            )
         except Permanent as exc:
             await self._finish_step_failed(
                 step_id,
@@ -819,6 +1011,14 @@ class RunExecution:
         if timed_out is not None:
             info["type"] = "StepTimeout"
             info["message"] = f"attempt {attempt} exceeded its timeout of {timed_out} s"
+        # The policy's error rules apply to what the step's code raised; a timeout is
+        # Treadle's own and is retried by count alone (app/sdk/retry.py).
+        refused = None if timed_out is not None else retry.refusal(exc)
+        if refused is not None:
+            info["not_retried"] = refused
+            await self._finish_step_failed(
+                step_id, StepStatus.FAILED, RunReason.FAILURE_NON_RETRYABLE, info, attempt
+            )
         if attempt >= self.settings.max_attempts_per_step:
             await self._attempts_ceiling(step_id, attempt, info)
         if attempt - self._lost.get(step_id, 0) >= retry.max_attempts:
@@ -862,6 +1062,7 @@ class RunExecution:
             )
 
         await self.write(schedule)
+        story_log.retry_scheduled(attempt, delay, self.db_now() + timedelta(seconds=delay), info)
         return _Retry(delay)
 
     async def _attempts_ceiling(

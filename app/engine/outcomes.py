@@ -10,17 +10,23 @@ and the worker share them without importing each other (docs/architecture.md).
 from __future__ import annotations
 
 import functools
-import traceback
 from collections.abc import Awaitable, Callable
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any
 
+import structlog
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.core.settings import TracebackMode
 from app.core.status import RunReason, RunStatus
+from app.core.tracebacks import full_traceback, user_traceback
 from app.db.faults import describe, redact
+from app.sdk.context import _current_step
 from app.sdk.errors import Permanent
 from app.sdk.retry import RetryPolicy
+
+log = structlog.get_logger("treadle.engine")
 
 
 @dataclass(frozen=True, slots=True)
@@ -120,20 +126,81 @@ class Suspended:
 Outcome = Completed | Failed | Suspended
 
 
+@dataclass(frozen=True, slots=True)
+class _ErrorScope:
+    tracebacks: TracebackMode
+    run_id: str | None = None
+    workflow: str | None = None
+
+
+_error_scope: ContextVar[_ErrorScope | None] = ContextVar("treadle_error_scope", default=None)
+
+
+def describe_errors_for(run_id: str, workflow: str, tracebacks: TracebackMode) -> None:
+    """Set how :func:`error_info` describes errors in this task and the tasks it starts.
+
+    Called once at the start of an execution (``RunExecution.execute``): its steps run in
+    tasks and threads started from there, which inherit the context. Outside any
+    execution :func:`error_info` shows user frames only (the safe default).
+
+    Args:
+        run_id: the run, named in the worker's log line of each error.
+        workflow: its workflow name, likewise.
+        tracebacks: ``TREADLE_ERROR_TRACEBACKS``.
+    """
+    _error_scope.set(_ErrorScope(tracebacks, run_id, workflow))
+
+
+def outcome_summary(outcome: Outcome) -> tuple[str, str | None, dict[str, Any] | None]:
+    """``(run status, reason, error)`` an outcome writes (what the execution's span records)."""
+    if isinstance(outcome, Completed):
+        return RunStatus.COMPLETED.value, "succeeded", None
+    if isinstance(outcome, Failed):
+        return outcome.status.value, outcome.reason.value, outcome.error
+    return outcome.status.value, None, None
+
+
 def error_info(exc: BaseException, **extra: Any) -> dict[str, Any]:
     """Describe an exception as ``{type, message, traceback, …extra}`` (JSON-able).
 
-    What the run's tenant reads (a step's or the run's error): SQL statements and their
-    parameters are cut out of the message and the traceback (:func:`app.db.faults.redact`),
-    whether the statement was the product's or a transactional step's own.
+    What the run's tenant reads (a step's or the run's error):
+
+    - ``traceback`` holds only the frames of the user's code, with relative paths
+      (:func:`app.core.tracebacks.user_traceback`, docs/adr/0025-user-frames-only.md),
+      unless ``TREADLE_ERROR_TRACEBACKS=full`` (see :func:`describe_errors_for`); its
+      last 8000 characters are kept.
+    - SQL statements and their parameters are cut out of the message and the traceback
+      (:func:`app.db.faults.redact`), whether the statement was the product's or a
+      transactional step's own.
+    - ``type`` and ``message`` are the exception's own (a ``Permanent`` wrapping another
+      error names the wrapped one), unfiltered.
+
+    Side effect: the full traceback goes to the worker's log (``treadle.engine``, warning
+    ``step error recorded`` or ``run error recorded``) with the run, workflow, step and
+    attempt where known: the frames the tenant does not see stay there for the operator.
     """
     inner = (
         exc.error if isinstance(exc, Permanent) and isinstance(exc.error, BaseException) else exc
     )
+    scope = _error_scope.get() or _ErrorScope(TracebackMode.USER)
+    step = _current_step.get()
+    full = redact(full_traceback(exc), exc)
+    # The operator's copy: every frame. Statements are redacted here too, as in the
+    # tenant's copy: a statement's parameters are the tenant's data, not the operator's.
+    log.warning(
+        "step error recorded" if step is not None else "run error recorded",
+        run_id=str(step.run_id) if step is not None else scope.run_id,
+        workflow=step.workflow if step is not None else scope.workflow,
+        step_id=step.step_id if step is not None else extra.get("step_id"),
+        attempt=step.attempt if step is not None else None,
+        error_type=type(inner).__name__,
+        exception=full,
+    )
+    shown = full if scope.tracebacks == TracebackMode.FULL else redact(user_traceback(exc), exc)
     return {
         "type": type(inner).__name__,
         "message": describe(inner),
-        "traceback": redact("".join(traceback.format_exception(exc)), exc)[-8000:],
+        "traceback": shown[-8000:],
         **extra,
     }
 

@@ -65,7 +65,7 @@ class Registry:
         return len(self._by_key)
 
     async def register(self, conn: AsyncConnection) -> None:
-        """Upsert every definition: name, version, kind, access, schemas, states, queues."""
+        """Upsert every definition: kind, access, schemas, states, queues, event trigger."""
         for d in self._by_key.values():
             await q.upsert_definition(
                 conn,
@@ -76,7 +76,10 @@ class Registry:
                 input_schema=json.dumps(d.input_schema),
                 output_schema=json.dumps(d.output_schema),
                 states=None if d.states is None else json.dumps(d.states),
+                graph=None if d.graph is None else json.dumps(d.graph),
                 queue_controls=json.dumps(d.queue.to_json()),
+                on_event=d.on_event,
+                event_filter=None if d.on_event is None else json.dumps(d.event_filter or {}),
             )
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
@@ -22,9 +22,11 @@ from app.core.errors import (
 from app.core.ids import new_run_id
 from app.core.settings import Settings
 from app.core.status import STATE_MACHINE_KIND, EventKind, RunStatus
+from app.core.tracing import TraceContext
 from app.db.database import Database
 from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
+from app.db.queries import run_labels as labels_q
 from app.db.queries import runs as runs_q
 from app.db.queries import submits as submits_q
 from app.engine import slots
@@ -45,6 +47,7 @@ class SubmitRequest:
             tenant); beyond it refused or queued per the definition's ``on_limit``.
         delay: seconds before the run becomes claimable (DB time).
         priority: claim priority, -100..100 (higher first among due runs).
+        labels: the run's labels, already checked by :func:`app.core.labels.validate_labels`.
     """
 
     workflow: str
@@ -54,6 +57,7 @@ class SubmitRequest:
     concurrency_key: str | None = None
     delay: float | None = None
     priority: int = 0
+    labels: dict[str, str] = field(default_factory=dict)
 
     def _fingerprint_fields(self) -> dict[str, Any]:
         fields: dict[str, Any] = {
@@ -66,6 +70,9 @@ class SubmitRequest:
         # Only when set, so runs submitted before priorities existed keep their hash.
         if self.priority:
             fields["priority"] = self.priority
+        if self.labels:
+            # Likewise only when set: runs submitted before labels keep their hash.
+            fields["labels"] = self.labels
         return fields
 
     def fingerprint(self) -> str:
@@ -210,6 +217,14 @@ class Submitter:
         """
         return (await self._definition(workflow, version)).access
 
+    async def queue(self, workflow: str, version: str) -> QueueControls:
+        """The queue controls registered for a definition version (reruns admit with them).
+
+        Raises:
+            WorkflowNotFound: unknown workflow or version.
+        """
+        return (await self._definition(workflow, version)).queue
+
     async def submit(
         self,
         request: SubmitRequest,
@@ -217,6 +232,7 @@ class Submitter:
         tenant_id: str,
         subject: str,
         api_key_id: uuid.UUID | None = None,
+        trace: TraceContext | None = None,
     ) -> tuple[RowMapping, bool]:
         """Create a run, or return the existing one for an identical idempotent retry.
 
@@ -225,6 +241,9 @@ class Submitter:
             tenant_id: the caller's tenant.
             subject: the caller (``created_by``; the owner under ``access="owner"``).
             api_key_id: the API key the caller used, re-checked on every attempt.
+            trace: the W3C trace context the run is submitted under, stored with it
+                (:func:`app.core.tracing.submit_context`); not part of the request's
+                fingerprint, so a retry under another trace is still the same request.
 
         Returns:
             ``(run row, created)``: created is False for an idempotent replay.
@@ -238,7 +257,13 @@ class Submitter:
         """
         input_text, version = await self.prepare(request)
         definition = await self._definition(request.workflow, version)
-        if self.db.dialect == "postgresql" and request.concurrency_key is None:
+        if (
+            self.db.dialect == "postgresql"
+            and request.concurrency_key is None
+            and not request.labels
+        ):
+            # The one-statement path writes only the run row and its event; labels need
+            # their index rows too, so a labelled run takes the transactional path.
             return await self._submit_one_statement(
                 request,
                 input_text,
@@ -247,6 +272,7 @@ class Submitter:
                 subject=subject,
                 api_key_id=api_key_id,
                 access=definition.access,
+                trace=trace,
             )
 
         async def insert(conn: AsyncConnection) -> tuple[RowMapping, bool]:
@@ -260,6 +286,7 @@ class Submitter:
                 api_key_id=api_key_id,
                 access=definition.access,
                 queue=definition.queue,
+                trace=trace,
             )
 
         return await self.db.write_retrying(insert, what="submit")
@@ -274,6 +301,7 @@ class Submitter:
         subject: str,
         api_key_id: uuid.UUID | None,
         access: str,
+        trace: TraceContext | None = None,
     ) -> tuple[RowMapping, bool]:
         # No slot to admit: run row, event and NOTIFY as one autocommit statement
         # (app/db/queries/submits.py), the same writes insert_prepared makes.
@@ -297,6 +325,8 @@ class Submitter:
                 delay_seconds=request.delay,
                 event_data=event_data,
                 channel=NOTIFY_CHANNEL,
+                trace_parent=None if trace is None else trace.traceparent,
+                trace_state=None if trace is None else trace.tracestate,
             )
             if row is None:
                 return await _replay(
@@ -319,8 +349,12 @@ async def insert_prepared(
     api_key_id: uuid.UUID | None = None,
     access: str = "tenant",
     queue: QueueControls | None = None,
+    trace: TraceContext | None = None,
 ) -> tuple[RowMapping, bool]:
     """Insert a prepared run inside the caller's transaction (idempotency included).
+
+    ``trace`` is the W3C trace context stored with the run (its executions are traced
+    as its children: :func:`app.core.tracing.execution_span`).
 
     A run with a concurrency key is admitted to one of the key's slots under the key's
     lock (:func:`app.engine.slots.acquire`, ``queue`` = the definition's controls,
@@ -387,11 +421,17 @@ async def insert_prepared(
             "priority": request.priority,
             "concurrency_slot": slot,
             "blocked_reason": waiting,
+            "labels": labels_q.encode(request.labels),
+            "trace_parent": None if trace is None else trace.traceparent,
+            "trace_state": None if trace is None else trace.tracestate,
         },
         wait_for_slot=waiting is not None,
     )
     if row is None:
         return await _replay(conn, request, fingerprint, tenant_id=tenant_id, subject=subject)
+    await labels_q.insert_labels(
+        conn, run_id=row["run_id"], tenant_id=tenant_id, labels=request.labels
+    )
     await events_q.append(
         conn,
         run_id=row["run_id"],

@@ -43,7 +43,7 @@ from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncSession
 
-from app.core import json
+from app.core import json, tracing
 from app.core.errors import CheckpointFault, InvalidInput, PayloadTooLarge
 from app.core.status import RunReason, StepStatus
 from app.db.faults import classify, retry_conflicts
@@ -108,6 +108,7 @@ async def attempt(
         attempt=attempt,
         idempotency_key=f"{ex.run_id}:{step_id}",
         workflow=ex.definition.name,
+        logger=ex.logbook,
     )
     token = _current_step.set(info)
 
@@ -124,7 +125,13 @@ async def attempt(
             in_function = True
             try:
                 call = fn(session, *args)
-                value = await asyncio.wait_for(call, timeout) if timeout else await call
+                value = await tracing.step_call(
+                    asyncio.wait_for(call, timeout) if timeout else call,
+                    step_id=step_id,
+                    name=name,
+                    attempt=attempt,
+                    kind=kind,
+                )
                 # Flush and release the savepoint; the outer transaction stays open.
                 await session.commit()
             finally:

@@ -18,10 +18,11 @@ from typing import TYPE_CHECKING, Any
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core import json
+from app.core import json, tracing
 from app.core.status import AccessPolicy, EventKind, RunReason, RunStatus, StepStatus
 from app.db.queries import approvals as approvals_q
 from app.db.queries import events as events_q
+from app.db.queries import run_labels as labels_q
 from app.db.queries import runs as runs_q
 from app.db.queries import signals as signals_q
 from app.db.queries import steps as steps_q
@@ -171,6 +172,7 @@ async def timer(
     if entry is not None and entry["status"] == StepStatus.SUCCEEDED:
         return
     ex.cancel_point()
+    await ex.pause_point()
     if entry is None:
         deadline = until if until is not None else ex.db_now() + timedelta(seconds=seconds or 0)
 
@@ -193,7 +195,8 @@ async def timer(
     if remaining > ex.settings.inline_retry_max_seconds:
         await ex.suspend(PendingWait(remaining, RunStatus.WAITING_TIMER, "timer", step_id))
     if remaining > 0:
-        await asyncio.sleep(remaining)
+        async with ex.idle():  # a short timer does not hold another branch's release
+            await asyncio.sleep(remaining)
 
     async def fire(conn: AsyncConnection) -> None:
         await _finish(
@@ -209,6 +212,34 @@ async def timer(
     await ex.write(fire)
 
 
+async def open_wait(
+    ex: RunExecution,
+    *,
+    step_id: str,
+    kind: str,
+    entry: RowMapping | None,
+    timeout: float | None,
+) -> datetime | None:
+    """What every durable wait does before it looks for its value (signal, event).
+
+    Called when the journal holds no delivered value for the wait: a journaled timeout is
+    raised again on replay; a cancel or a pause is honoured here, before the wait is
+    recorded. Returns the wait's deadline (aware UTC, database time): the journaled one on
+    a replay, else now + ``timeout`` seconds, ``None`` without a timeout.
+
+    Raises:
+        WaitTimedOut: the journal says this wait timed out.
+    """
+    if entry is not None and entry["status"] == StepStatus.TIMED_OUT:
+        raise WaitTimedOut(step_id, kind, entry["deadline"].isoformat())
+    ex.cancel_point()
+    await ex.pause_point()
+    if entry is not None:
+        deadline: datetime | None = entry["deadline"]
+        return deadline
+    return ex.db_now() + timedelta(seconds=timeout) if timeout is not None else None
+
+
 async def signal(
     ex: RunExecution,
     *,
@@ -221,14 +252,7 @@ async def signal(
     """``ctx.signal``: consume the oldest buffered signal of ``name``, or wait for one."""
     if entry is not None and entry["status"] == StepStatus.SUCCEEDED:
         return json.loads(entry["output"])
-    if entry is not None and entry["status"] == StepStatus.TIMED_OUT:
-        raise WaitTimedOut(step_id, "signal", entry["deadline"].isoformat())
-    ex.cancel_point()
-    deadline: datetime | None = (
-        entry["deadline"]
-        if entry is not None
-        else (ex.db_now() + timedelta(seconds=timeout) if timeout is not None else None)
-    )
+    deadline = await open_wait(ex, step_id=step_id, kind="signal", entry=entry, timeout=timeout)
     outcome: dict[str, Any] = {}
 
     async def attempt(conn: AsyncConnection) -> None:
@@ -317,6 +341,7 @@ async def approval(
         raise WaitTimedOut(step_id, "approval", entry["deadline"].isoformat())
     else:
         ex.cancel_point()
+        await ex.pause_point()
         decision = await _await_decision(ex, step_id=step_id, seq=seq, entry=entry, config=config)
     if decision.approved:
         return decision
@@ -435,6 +460,7 @@ async def value(
     if entry is not None:
         return decode(json.loads(entry["output"]))
     ex.cancel_point()
+    await ex.pause_point()
     produced = produce()
     text = json.dumps(produced)
 
@@ -456,6 +482,37 @@ async def value(
     return decode(json.loads(text))
 
 
+async def label(
+    ex: RunExecution, *, step_id: str, seq: int, entry: RowMapping | None, key: str, value: str
+) -> None:
+    """``ctx.set_label``: the label and its journal entry in one fenced write, once.
+
+    A replay (``entry`` journaled) writes nothing: the label was written with the entry.
+    """
+    if entry is not None:
+        return
+    ex.cancel_point()
+
+    async def record(conn: AsyncConnection) -> None:
+        await steps_q.insert_step(
+            conn,
+            run_id=ex.run_id,
+            tenant_id=ex.tenant_id,
+            step_id=step_id,
+            seq=seq,
+            kind="value",
+            name="label",
+            status=StepStatus.SUCCEEDED,
+            fence=ex.fence,
+            output=json.dumps({"key": key, "value": value}),
+        )
+        await labels_q.set_label(
+            conn, run_id=ex.run_id, tenant_id=ex.tenant_id, key=key, value=value
+        )
+
+    await ex.write(record)
+
+
 async def child(
     ex: RunExecution,
     *,
@@ -466,6 +523,7 @@ async def child(
     input_value: Any,
     version: str | None,
     detached: bool,
+    labels: dict[str, str] | None = None,
 ) -> Any:
     """``ctx.child`` / ``ctx.start_child``: a child run of the same tenant.
 
@@ -488,12 +546,14 @@ async def child(
             1,
         )
     ex.cancel_point()
+    await ex.pause_point()
     if entry is None:
         request = SubmitRequest(
             workflow=workflow,
             input=input_value,
             version=version,
             idempotency_key=f"{ex.run_id}:{step_id}",
+            labels=labels or {},
         )
         input_text, resolved = await ex.submitter.prepare(request)
         # A child is at least as private as its parent: an owner-policy parent's children
@@ -523,6 +583,8 @@ async def child(
                 # A child acts for the parent's submitter: same key, re-checked likewise.
                 api_key_id=ex.run["api_key_id"],
                 access=access,
+                # In the parent's trace, under the execution that creates it.
+                trace=tracing.inherit(ex.run),
             )
             child_id = str(row["run_id"])
             await steps_q.insert_step(

@@ -4,12 +4,15 @@ from app.sdk.context import ApprovalDecision, StepInfo, WorkflowContext, current
 from app.sdk.dag import DagDefinitionError, Flow, flow, join
 from app.sdk.errors import (
     ApprovalRejected,
+    EmitRefused,
     NondeterminismError,
     NonRetryable,
     Permanent,
     StepFailed,
     WaitTimedOut,
 )
+from app.sdk.events import ReceivedEvent
+from app.sdk.logger import RunLogger
 from app.sdk.queue import QueueControls, RateLimit
 from app.sdk.retry import RetryPolicy
 from app.sdk.state_machine import (
@@ -25,13 +28,16 @@ __all__ = [
     "ApprovalDecision",
     "ApprovalRejected",
     "DagDefinitionError",
+    "EmitRefused",
     "Flow",
     "NonRetryable",
     "NondeterminismError",
     "Permanent",
     "QueueControls",
     "RateLimit",
+    "ReceivedEvent",
     "RetryPolicy",
+    "RunLogger",
     "StateMachine",
     "StateMachineDefinitionError",
     "StateMachineWorkflow",

@@ -6,12 +6,15 @@ import abc
 import uuid
 from collections.abc import Awaitable, Callable
 from contextvars import ContextVar
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar, overload
 
 from pydantic import BaseModel
 
+from app.core import tracing
+from app.sdk.events import ReceivedEvent
+from app.sdk.logger import DISCARD, RunLogger
 from app.sdk.retry import RetryPolicy
 
 if TYPE_CHECKING:
@@ -31,6 +34,7 @@ class StepInfo:
         idempotency_key: ``"<run_id>:<step_id>"``, stable across attempts and replays;
             pass it to external APIs so a retried attempt is not applied twice.
         workflow: workflow name.
+        logger: the run's ``ctx.logger``; lines logged here are kept with this attempt.
     """
 
     run_id: uuid.UUID
@@ -38,6 +42,7 @@ class StepInfo:
     attempt: int
     idempotency_key: str
     workflow: str
+    logger: RunLogger = field(default=DISCARD, repr=False, compare=False)
 
 
 _current_step: ContextVar[StepInfo | None] = ContextVar("treadle_current_step", default=None)
@@ -84,6 +89,8 @@ class WorkflowContext(abc.ABC):
     workflow: str
     concurrency_key: str | None
     """The run's concurrency key (a state machine's parent), or None."""
+    logger: RunLogger
+    """Log lines kept with the run, replay-safe (:class:`app.sdk.logger.RunLogger`)."""
 
     @overload
     def step(
@@ -270,6 +277,36 @@ class WorkflowContext(abc.ABC):
         """
 
     @abc.abstractmethod
+    async def wait_for_event(
+        self,
+        name: str,
+        *,
+        match: dict[str, Any] | None = None,
+        timeout: float | None = None,
+    ) -> ReceivedEvent:
+        """Wait for an event posted to ``POST /events`` and return it (docs/authoring.md).
+
+        The first event of ``name`` received since the run was created whose data
+        satisfies ``match`` is delivered, even one posted before the run reached this
+        wait; each event is delivered to at most one wait of a run (the event that
+        started the run is not delivered to it). Journaled: a replay returns the same
+        event.
+
+        Args:
+            name: event name, 1..200 of ``[A-Za-z0-9_.-]``.
+            match: ``{dotted path: value}`` exact matches on the event's data (e.g.
+                ``{"order_id": order.id}``); None or ``{}`` matches any data.
+            timeout: seconds (database time) from when the wait was first recorded.
+
+        Returns:
+            The event (id, name, key, data, received_at).
+
+        Raises:
+            ValueError: a malformed name, match or timeout.
+            WaitTimedOut: no matching event in time.
+        """
+
+    @abc.abstractmethod
     async def approval(
         self,
         name: str,
@@ -305,6 +342,7 @@ class WorkflowContext(abc.ABC):
         input: Any,
         *,
         version: str | None = None,
+        inherit_labels: bool = False,
     ) -> Any:
         """Run a child workflow (same tenant) and wait for its output.
 
@@ -312,6 +350,8 @@ class WorkflowContext(abc.ABC):
             workflow: a workflow name or a :class:`WorkflowDefinition`.
             input: its input (a pydantic model or JSON value).
             version: pin a version; default the definition's (or the latest registered).
+            inherit_labels: start the child with this run's labels as they are when the
+                child is created (a later ``set_label`` of either run is its own).
 
         Returns:
             The child's output as JSON (dicts, lists, scalars).
@@ -327,8 +367,12 @@ class WorkflowContext(abc.ABC):
         input: Any,
         *,
         version: str | None = None,
+        inherit_labels: bool = False,
     ) -> str:
-        """Start a child workflow without waiting; returns its run id (as a string)."""
+        """Start a child workflow without waiting; returns its run id (as a string).
+
+        ``inherit_labels`` as for :meth:`child`.
+        """
 
     @abc.abstractmethod
     async def now(self) -> datetime:
@@ -341,6 +385,48 @@ class WorkflowContext(abc.ABC):
     @abc.abstractmethod
     async def random(self) -> float:
         """A random float in [0, 1), journaled."""
+
+    async def set_label(self, key: str, value: str) -> None:
+        """Set the run's label ``key`` to ``value`` (``GET /runs?label.<key>=<value>``).
+
+        Journaled like a value: the label is written with the journal entry, a replay
+        writes nothing and returns, and when the code now passes another value at that
+        point the journal's stays (the run keeps the value it first set). Setting a key
+        again later in the run replaces its value. Rules as at submit (docs/api.md,
+        Labels): at most 16 labels per run.
+
+        Raises:
+            ValueError: the key or value breaks the label rules, or a 17th key.
+        """
+        raise NotImplementedError
+
+    def emit(self, name: str, data: Any = None) -> None:
+        """Publish progress or partial output (an LLM's tokens, a file's progress).
+
+        Each emit becomes one ``emitted`` event of the run's timeline (``GET
+        /runs/{run_id}/events``, live with ``?follow=true``), with data ``{"name",
+        "data", "attempt"}`` and the step id of the step that emitted it. It never waits
+        for the database.
+
+        From workflow code an emit is kept once, like ``ctx.logger`` lines: it is written
+        with the run's next journal write, and a replay that passes it again emits
+        nothing (``attempt`` is null). From step code (the step closes over ``ctx``) it is
+        written as soon as possible, in emit order, before the step's own result, so a
+        long step streams live; each attempt of a retried step emits again, and the
+        events carry the step id and ``attempt`` to tell them apart. See
+        docs/authoring.md (Live progress).
+
+        Args:
+            name: what is emitted (``"token"``, ``"progress"``): 1..100 printable
+                characters.
+            data: a JSON value or a pydantic model.
+
+        Raises:
+            EmitRefused: a bad name; data that is not JSON; its JSON with the name over
+                ``TREADLE_EMIT_MAX_BYTES``; or the run already keeps
+                ``TREADLE_EMIT_MAX_PER_RUN`` emits.
+        """
+        raise NotImplementedError
 
     def patched(self, change_id: str) -> bool:
         """Whether this run takes the new code path of change ``change_id``.
@@ -372,6 +458,19 @@ class WorkflowContext(abc.ABC):
             ValueError: ``change_id`` is empty, over 200 characters or not printable.
         """
         raise NotImplementedError
+
+    @property
+    def trace_context(self) -> dict[str, str]:
+        """W3C trace headers of the span running now, to propagate to outgoing calls.
+
+        Inside a step's code (sync or async): the step attempt's span; in the workflow
+        body: the execution's span. ``{"traceparent": …, "tracestate": …}`` (``tracestate``
+        only when set), or ``{}`` when the worker does not trace (docs/operations.md#traces).
+        Pass it as HTTP headers (``httpx.post(url, headers=ctx.trace_context)``) so the
+        called service's spans join the run's trace. Not journaled and different on every
+        execution: never let it decide the workflow's path.
+        """
+        return tracing.current_headers()
 
     @property
     def idempotency_key(self) -> str:

@@ -511,6 +511,11 @@ def _definition(end: Flow) -> WorkflowDefinition[Any, Any]:
         output_adapter=TypeAdapter(end.node.returns),
         kind="dag",
         access=end.access,
+        graph=[
+            {"name": node.name, "after": [p.name for p in node.parents]}
+            for level in levels
+            for node in level
+        ],
     )
     _definitions[end.node] = definition
     return definition

@@ -61,6 +61,15 @@ class NondeterminismError(Exception):
     """Replay reached a different step than the journal recorded (run fails, never retried)."""
 
 
+class EmitRefused(ValueError):
+    """``ctx.emit`` refused an emit: a bad name, data that is not JSON, or a bound reached.
+
+    The bounds are ``TREADLE_EMIT_MAX_BYTES`` (one emit) and ``TREADLE_EMIT_MAX_PER_RUN``
+    (emits a run keeps). Nothing of the refused emit is kept; the run goes on unless the
+    error escapes (in a step it fails the attempt like any error).
+    """
+
+
 class TransientError(Exception):
     """Convenience base for errors a step wants retried (any non-Permanent error is)."""
 

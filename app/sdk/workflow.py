@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, TypeAdapter
 
+from app.core.event_match import MatchError, check_match
 from app.sdk.queue import OnLimit, QueueControls, QueueControlsError, RateLimit
 
 if TYPE_CHECKING:
@@ -43,8 +44,15 @@ class WorkflowDefinition(Generic[InT, OutT]):
     # State machines: one JSON-able entry per state (name, fields schema, initial,
     # terminal, timer_seconds), registered with the definition. None for other kinds.
     states: list[dict[str, Any]] | None = field(default=None, compare=False)
+    # DAGs: one entry per node in execution order, ``{"name": …, "after": [parent, …]}``,
+    # registered with the definition so the API and console can draw it. None otherwise.
+    graph: list[dict[str, Any]] | None = field(default=None, compare=False)
     # Per-key limit, global concurrency limit and rate limit (app/sdk/queue.py).
     queue: QueueControls = field(default_factory=QueueControls)
+    # Event trigger (docs/adr/0029-event-triggers.md): POST /events of this name starts a
+    # run (input = the event's data) when ``event_filter`` ({dotted path: value}) holds.
+    on_event: str | None = None
+    event_filter: dict[str, Any] | None = field(default=None, compare=False)
 
     @property
     def key(self) -> str:
@@ -75,6 +83,8 @@ def workflow(
     on_limit: OnLimit = "reject",
     concurrency_limit: int | None = None,
     rate_limit: RateLimit | None = None,
+    on_event: str | None = None,
+    event_filter: dict[str, Any] | None = None,
 ) -> Callable[[WorkflowFn[InT, OutT]], WorkflowDefinition[InT, OutT]]:
     """Declare an ``async def body(ctx, input: Model) -> Out`` as a durable workflow.
 
@@ -94,6 +104,13 @@ def workflow(
             all workers (None: unlimited).
         rate_limit: a :class:`app.sdk.queue.RateLimit` on run starts, or None.
         (See :class:`app.sdk.queue.QueueControls`.)
+        on_event: an event name (1..200 of ``[A-Za-z0-9_.-]``): each ``POST /events`` of
+            it in a tenant starts one run of this workflow there, the event's data as
+            input, when this is the workflow's latest registered version
+            (docs/authoring.md, event triggers).
+        event_filter: with ``on_event``, ``{dotted path: value}`` exact matches the
+            event's data must satisfy (e.g. ``{"currency": "EUR"}``); stored with the
+            definition so the API evaluates it without your code. None: every event.
 
     Returns:
         A decorator producing a :class:`WorkflowDefinition`.
@@ -101,10 +118,19 @@ def workflow(
     Raises:
         TypeError: the body is not ``async``, or its second parameter is not annotated
             with a pydantic ``BaseModel`` subclass.
-        ValueError: the name or version is malformed, or a queue control is out of range
-            (:class:`app.sdk.queue.QueueControlsError`, naming the field).
+        ValueError: the name or version is malformed, a queue control is out of range
+            (:class:`app.sdk.queue.QueueControlsError`, naming the field), or
+            ``on_event`` / ``event_filter`` is malformed (a filter without ``on_event``).
     """
     _check_name(name)
+    if on_event is not None:
+        _check_name(on_event, "event name")
+    elif event_filter is not None:
+        raise ValueError(f"@workflow({name!r}): event_filter needs on_event")
+    try:
+        trigger_filter = None if on_event is None else check_match("event_filter", event_filter)
+    except MatchError as exc:
+        raise ValueError(f"@workflow({name!r}): {exc}") from None
     version_text = str(version)
     if not version_text or len(version_text) > 64:
         raise ValueError("workflow version must be 1..64 characters")
@@ -135,6 +161,8 @@ def workflow(
             output_adapter=output_adapter,
             access=access,
             queue=queue,
+            on_event=on_event,
+            event_filter=trigger_filter,
         )
 
     return decorate
@@ -156,12 +184,10 @@ def check_access(label: str, access: object) -> Access:
     raise ValueError(f"{label}: access must be 'tenant' or 'owner', not {access!r}")
 
 
-def _check_name(name: str) -> None:
+def _check_name(name: str, what: str = "workflow name") -> None:
     allowed = set("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.-")
-    if not name or len(name) > 200 or not set(name) <= allowed:
-        raise ValueError(
-            f"workflow name {name!r} must be 1..200 characters of letters, digits, _ . -"
-        )
+    if not isinstance(name, str) or not name or len(name) > 200 or not set(name) <= allowed:
+        raise ValueError(f"{what} {name!r} must be 1..200 characters of letters, digits, _ . -")
 
 
 def definitions_in(module: ModuleType) -> list[WorkflowDefinition[Any, Any]]:

@@ -25,7 +25,7 @@ from sqlalchemy import RowMapping
 from sqlalchemy.engine import make_url
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.core import json, metrics
+from app.core import json, metrics, tracing
 from app.core.errors import CheckpointFault, LeaseLost
 from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus
@@ -38,15 +38,17 @@ from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
-from app.engine import slots
+from app.engine import slots, story_log, webhooks
+from app.engine.batches import BatchRunner
 from app.engine.claims import Claimer
 from app.engine.executor import RunExecution
-from app.engine.outcomes import Completed, Failed, Outcome, Suspended
+from app.engine.outcomes import Completed, Failed, Outcome, Suspended, outcome_summary
 from app.engine.registry import Registry
 from app.engine.schedules import Scheduler
 from app.engine.submit import Submitter
 from app.engine.tenants import attempt_refusal
 from app.engine.wakeup import NOTIFY_CHANNEL, notify
+from app.worker.webhooks import WebhookSender
 
 log = structlog.get_logger("treadle.worker")
 
@@ -112,6 +114,10 @@ class Worker:
         self.scheduler = Scheduler(
             db, settings, submitter=self.submitter, scheduler_id=self.worker_id, on_fire=self.wake
         )
+        # Every worker also processes bulk-action batches (docs/adr/0023-durable-batches.md).
+        self.batches = BatchRunner(db, settings, worker_id=self.worker_id)
+        # Every worker also sends webhook deliveries (docs/adr/0030-outbound-webhooks.md).
+        self.webhooks = WebhookSender(db, settings, worker_id=self.worker_id)
         self.claimer = Claimer(
             db, registry, worker_id=self.worker_id, lease_ttl=settings.lease_ttl_seconds
         )
@@ -162,6 +168,8 @@ class Worker:
         helpers = [
             asyncio.create_task(self._heartbeat_loop()),
             asyncio.create_task(self._slot_sweep_loop()),
+            asyncio.create_task(self.batches.run(self._stopping)),
+            asyncio.create_task(self.webhooks.run(self._stopping)),
         ]
         if self.db.dialect == "postgresql":
             helpers.append(asyncio.create_task(self._listen_loop()))
@@ -191,6 +199,15 @@ class Worker:
                 # Our own runs in flight are excluded: after a pause longer than the lease
                 # they are due again, and claiming them would run them twice in here.
                 rows = await self.claimer.claim(free, executing=list(self._active))
+                if rows and self._stopping.is_set():
+                    # The claim was under way when the drain began (SIGTERM): give these
+                    # runs back at once instead of starting work the drain would then
+                    # wait for, up to its grace, and interrupt.
+                    for row in rows:
+                        self.stats.claimed += 1
+                        with structlog.contextvars.bound_contextvars(run_id=str(row["run_id"])):
+                            await self._release(row["run_id"], row["tenant_id"], int(row["fence"]))
+                    break
                 for row in rows:
                     self._start(row)
                 if rows:
@@ -211,7 +228,9 @@ class Worker:
             self.log.error("claimed a run already in flight", run_id=str(run_id))
             self._lose(previous)
         active = _Active(fence=int(row["fence"]))
-        active.task = asyncio.create_task(self._execute(row, active), name=f"run-{run_id}")
+        # In a span of its own when tracing is on (app/core/tracing.py execution_span).
+        execution = tracing.execution(self._execute(row, active), row, self.worker_id)
+        active.task = asyncio.create_task(execution, name=f"run-{run_id}")
         self._active[run_id] = active
         self._update_slots()
 
@@ -219,6 +238,8 @@ class Worker:
         run_id: uuid.UUID = row["run_id"]
         fence = active.fence
         rlog = self.log.bind(run_id=str(run_id), workflow=row["workflow"], tenant=row["tenant_id"])
+        # This task's own context: every line of the execution (and of its steps) has them.
+        story_log.bind_run(row, self.worker_id)
         try:
             definition = self.registry.get(row["workflow"], row["version"])
             if definition is None:  # pragma: no cover - the claim filters on registered keys
@@ -236,24 +257,29 @@ class Worker:
                 outcome = refusal
             else:
                 journal: Sequence[RowMapping] = ()
-                if int(row["attempt"]) > 1:
+                if int(row["attempt"]) > 1 or row.get("rerun_of") is not None:
                     # Steps are journaled only by an execution under a claim, and the claim
                     # bumps ``attempt``: a run's first claim has nothing to replay, so a
                     # fresh run skips this read (one transaction per run on the hot path).
+                    # A rerun is the exception: it starts with its original's prefix.
                     async with self.db.read() as conn:
                         journal = await steps_q.load_journal(conn, run_id)
                 execution = RunExecution(
                     self.db, self.settings, row, definition, journal, self.worker_id, self.submitter
                 )
                 outcome = await execution.execute()
+            if tracing.ENABLED:
+                tracing.execution_outcome(*outcome_summary(outcome))
             active.finalizing = True
             # Shielded: once decided, the outcome is written even if we are asked to stop.
             await asyncio.shield(self._finalize(row, fence, outcome))
-        except LeaseLost:
+        except LeaseLost as exc:
             self.stats.lease_lost += 1
             metrics.LEASE_LOSSES.inc()
             rlog.warning("lease lost; abandoning run")
+            tracing.record_error(exc)
         except CheckpointFault as exc:
+            tracing.record_error(exc)
             await self._give_back(row, fence, exc.fault, exc.__cause__, rlog)
         except asyncio.CancelledError:
             if active.lost:
@@ -272,6 +298,7 @@ class Worker:
                 # An engine bug must not kill the worker; the lease expires and another
                 # worker retries the run.
                 rlog.exception("execution crashed")
+            tracing.record_error(exc)
         finally:
             # Only our own entry: a later execution of this run must stay heartbeated.
             if self._active.get(run_id) is active:
@@ -423,6 +450,9 @@ class Worker:
                     if await check(conn):
                         await runs_q.make_due(conn, run_id=run_id)
                         break
+            # Its webhook deliveries are written with the terminal state (app/engine/webhooks.py).
+            if not isinstance(outcome, Suspended):
+                await webhooks.run_became_terminal(conn, run_id)
             # The run's concurrency slot goes to its key's oldest waiter, in this same
             # transaction (app/engine/slots.py).
             if not isinstance(outcome, Suspended) and await slots.release(conn, row):
@@ -431,7 +461,7 @@ class Worker:
             if (
                 not isinstance(outcome, Suspended)
                 and row["parent_run_id"] is not None
-                and await runs_q.make_due(conn, run_id=row["parent_run_id"])
+                and await runs_q.wake_parent(conn, parent_run_id=row["parent_run_id"])
             ):
                 await notify(conn)
 
@@ -451,6 +481,7 @@ class Worker:
             await self.db.autocommit_retrying(complete_alone, what="run outcome")
         else:
             await self.db.write_retrying(write, what="run outcome")
+        story_log.run_outcome(outcome)
         if isinstance(outcome, Completed):
             metrics.RUNS_FINISHED.labels(row["workflow"], "completed", "succeeded").inc()
             self.stats.completed += 1
@@ -499,6 +530,7 @@ class Worker:
             # queue behind the steps still holding the main pool.
             await self.db.lease_write_retrying(release, what="release")
             self.stats.released += 1
+            story_log.given_back(why, delay)
         except LeaseLost:
             pass
         except Exception as exc:  # noqa: BLE001 - the lease will expire instead

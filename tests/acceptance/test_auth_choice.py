@@ -9,6 +9,7 @@ name an auth mode.
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -65,7 +66,13 @@ def test_explicit_dev_mode_on_postgresql_starts_with_a_warning(
         assert httpx.get(stack.url + "/readyz", timeout=5).status_code == 200
     finally:
         stack.stop()
-    assert "WARNING: dev-mode tokens" in stack.logs[-1].read_text()
+    warned = [
+        line
+        for line in stack.logs[-1].read_text().splitlines()
+        if "dev-mode tokens outside the embedded database" in line
+    ]
+    assert len(warned) == 1
+    assert json.loads(warned[0])["level"] == "warning"
 
 
 def test_the_production_section_chooses_an_auth_mode() -> None:

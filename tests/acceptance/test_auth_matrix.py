@@ -90,6 +90,21 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/runs/{run_id}/approvals/{step_id}"): {"decision": "approve"},
     ("POST", "/runs/{run_id}/resume"): None,
     ("POST", "/runs/{run_id}/retry"): {"reason": "matrix"},
+    ("POST", "/runs/{run_id}/pause"): {"reason": "matrix"},
+    # Dry runs: the matrix checks who may ask; the batch engine has its own tests.
+    ("POST", "/runs:cancel"): {"filter": {"workflow": "matrix-owned"}, "dry_run": True},
+    ("POST", "/runs:retry"): {"filter": {"workflow": "matrix-owned"}, "dry_run": True},
+    ("POST", "/runs:resume"): {"filter": {"workflow": "matrix-owned"}, "dry_run": True},
+    ("POST", "/runs:pause"): {"filter": {"workflow": "matrix-owned"}, "dry_run": True},
+    ("POST", "/runs:unpause"): {"filter": {"workflow": "matrix-owned"}, "dry_run": True},
+    ("POST", "/runs:signal"): {
+        "filter": {"workflow": "matrix-owned"},
+        "dry_run": True,
+        "name": "go",
+    },
+    ("POST", "/batches/{batch_id}/cancel"): None,
+    ("POST", "/runs/{run_id}/unpause"): None,
+    ("POST", "/runs/{run_id}/rerun"): {"from_step": "matrix-step"},
     ("POST", "/dead-letters/{dead_letter_id}/requeue"): {"reason": "matrix"},
     ("POST", "/admin/api-keys"): {"name": "matrix", "scopes": ["runs:read"]},
     ("DELETE", "/admin/api-keys/{key_id}"): None,
@@ -107,18 +122,29 @@ BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/schedules/{schedule_id}/trigger"): None,
     ("POST", "/admin/tenants/{tenant}/suspend"): {"reason": "matrix"},
     ("POST", "/admin/tenants/{tenant}/resume"): None,
+    ("POST", "/webhooks"): {"url": "http://127.0.0.1:9/matrix"},
+    ("POST", "/events"): {"name": "matrix.posted", "data": {"n": 1}},
 }
 # Endpoints that create something in the caller's own tenant, or act on the whole
 # deployment (maintenance, tenants): "other tenant" and "owner" do not apply (there is no
 # one else's object to reach; any tenant's admin may suspend any tenant).
 CREATES = {
     ("POST", "/runs"),
+    ("POST", "/webhooks"),
+    ("POST", "/events"),
     ("POST", "/admin/api-keys"),
     ("POST", "/schedules"),
     ("POST", "/admin/maintenance"),
     ("GET", "/admin/tenants"),
     ("POST", "/admin/tenants/{tenant}/suspend"),
     ("POST", "/admin/tenants/{tenant}/resume"),
+    # A bulk action selects among the caller's own runs (a dry run creates nothing).
+    ("POST", "/runs:cancel"),
+    ("POST", "/runs:retry"),
+    ("POST", "/runs:resume"),
+    ("POST", "/runs:pause"),
+    ("POST", "/runs:unpause"),
+    ("POST", "/runs:signal"),
 }
 
 
@@ -181,6 +207,8 @@ def authenticated_endpoints() -> list[Endpoint]:
         authenticated, scope = _auth_of(dependant)
         if not authenticated:
             continue  # probes, metrics, OpenAPI pages: no token
+        if path == "/whoami":
+            continue  # any valid token may ask who it is, by design (tests/console)
         assert scope is not None, f"{path} authenticates but requires no scope"
         for method in sorted(methods - {"HEAD"}):
             found.append(Endpoint(method, path, scope, tuple(re.findall(r"{(\w+)}", path))))
@@ -254,6 +282,9 @@ class World:
     key_id: str
     revoked_key: str
     schedule_id: str
+    batch_id: str
+    webhook_id: str
+    event_id: str
 
     def fill(self, endpoint: Endpoint, *, missing: bool = False) -> str:
         values = {
@@ -261,6 +292,9 @@ class World:
             "dead_letter_id": self.dead_letter_id,
             "key_id": self.key_id,
             "schedule_id": self.schedule_id,
+            "batch_id": self.batch_id,
+            "webhook_id": self.webhook_id,
+            "event_id": self.event_id,
             "step_id": STEP_ID,
             "name": SIGNAL,
             "tenant": TENANT,
@@ -276,7 +310,15 @@ class World:
 
     @property
     def ids(self) -> list[str]:
-        return [self.run_id, self.dead_letter_id, self.key_id, self.schedule_id]
+        return [
+            self.run_id,
+            self.dead_letter_id,
+            self.key_id,
+            self.schedule_id,
+            self.batch_id,
+            self.webhook_id,
+            self.event_id,
+        ]
 
 
 async def snapshot(db: Database, run_id: str) -> dict[str, Any]:
@@ -315,6 +357,8 @@ async def matrix_stack(
         "TREADLE_JWT_ISSUER": ISS,
         "TREADLE_JWT_AUDIENCE": AUD,
         "TREADLE_JWT_JWKS_URL": jwks.url,
+        # The seeded webhook endpoint is on 127.0.0.1 (nothing is ever sent: no worker).
+        "TREADLE_WEBHOOK_ALLOW_PRIVATE": "true",
     }
     stack = Stack(database_url=database_url, tmp=tmp_path, env=env)
     db = Database(Settings(database_url=database_url, dev_secret=DEV_SECRET))
@@ -365,12 +409,32 @@ async def _seed(stack: Stack, tokens: Tokens, db: Database) -> World:
             headers={"Authorization": f"Bearer {admin}"},
         )
         assert schedule.status_code == 201, schedule.text
+        # A batch that leaves the run as it is (it is not paused: skipped).
+        batch = await c.post(
+            "/runs:unpause",
+            json={"run_ids": [run_id]},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert batch.status_code == 202, batch.text
         suspended = await c.post(
             f"/admin/tenants/{SUSPENDED}/suspend",
             json={"reason": SUSPENSION_REASON},
             headers={"Authorization": f"Bearer {admin}"},
         )
         assert suspended.status_code == 200, suspended.text
+        webhook = await c.post(
+            "/webhooks",
+            json={"url": "http://127.0.0.1:9/seeded"},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert webhook.status_code == 201, webhook.text
+        # An event no workflow is triggered by: it starts nothing, it is just acme's.
+        event = await c.post(
+            "/events",
+            json={"name": "matrix.seeded", "data": {"n": 0}},
+            headers={"Authorization": f"Bearer {admin}"},
+        )
+        assert event.status_code == 201, event.text
     async with db.write() as conn:
         dl_id = await dl_q.insert_dead_letter(
             conn,
@@ -386,6 +450,9 @@ async def _seed(stack: Stack, tokens: Tokens, db: Database) -> World:
         key_id=keys[0]["key_id"],
         revoked_key=keys[1]["api_key"],
         schedule_id=schedule.json()["schedule_id"],
+        batch_id=batch.json()["batch_id"],
+        webhook_id=webhook.json()["webhook_id"],
+        event_id=event.json()["event_id"],
     )
 
 
@@ -412,7 +479,13 @@ def _applies(case: str, endpoint: Endpoint) -> bool:
     if case == "owner policy violation":
         # Admin endpoints are not subject to the owner policy (admin sees every owner).
         # The seeded schedule is of an owner-policy workflow: its creator's alone.
-        return key not in CREATES and endpoint.scope != Scope.ADMIN
+        # Webhook endpoints and posted events are the tenant's, not a subject's: no owner
+        # policy applies to them (the runs an event started are filtered, see test_events).
+        return (
+            key not in CREATES
+            and endpoint.scope not in (Scope.ADMIN, Scope.WEBHOOKS_MANAGE)
+            and not endpoint.path.startswith("/events")
+        )
     return True
 
 

@@ -15,6 +15,7 @@ import re
 import shlex
 import shutil
 import subprocess
+import uuid
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,14 @@ from tests.helpers import wait_for_sync
 DOCS = [ROOT / "README.md", ROOT / "docs" / "api.md"]
 STATUS_MARK = "\n__HTTP_STATUS__"
 # What `treadle token` grants by default: the docs' $TREADLE_TOKEN.
-DEFAULT_SCOPES = ["runs:write", "runs:read", "runs:cancel", "approvals:write", "signals:write"]
+DEFAULT_SCOPES = [
+    "runs:write",
+    "runs:read",
+    "runs:cancel",
+    "approvals:write",
+    "signals:write",
+    "events:write",
+]
 
 
 def curl_commands(path: Path) -> list[str]:
@@ -129,6 +137,12 @@ class DocsWorld:
         self.reach(run_id, "waiting_approval")
         return run_id
 
+    def paused_run(self) -> str:
+        run_id = self.waiting_approval()
+        resp = self.api.post(f"/runs/{run_id}/pause", json={"reason": "docs"})
+        assert resp.status_code == 200, resp.text
+        return run_id
+
     def pending_dead_letter(self) -> str:
         run_id = self.failed_run()
         items = self.api.get("/dead-letters").json()["items"]
@@ -153,6 +167,21 @@ class DocsWorld:
         self.reach(run_id, "waiting_approval")
         return run_id
 
+    def batch_id(self) -> str:
+        """A cancelled batch (cancelling it again, as the docs do, answers 200).
+
+        1000 unknown ids keep a worker busy for several chunks, so the cancel that follows
+        the 202 lands before it completes; a batch that completed first is replaced.
+        """
+        for _ in range(5):
+            ids = [str(uuid.uuid4()) for _ in range(1000)]
+            resp = self.api.post("/runs:cancel", json={"run_ids": ids, "reason": "docs"})
+            assert resp.status_code == 202, resp.text
+            batch_id = str(resp.json()["batch_id"])
+            if self.api.post(f"/batches/{batch_id}/cancel").status_code == 200:
+                return batch_id
+        raise AssertionError("every batch completed before it could be cancelled")
+
     def next_page_token(self) -> str:
         self.completed_run()
         self.completed_run()
@@ -168,11 +197,15 @@ def _context(world: DocsWorld, command: str, base: dict[str, str]) -> dict[str, 
     setups: list[tuple[str, Callable[[], dict[str, str]]]] = [
         # Before "/resume": resuming a tenant needs no run (and must not make one).
         ("/admin/tenants", dict),
+        ("$BATCH_ID", lambda: {"BATCH_ID": world.batch_id()}),
         ("/cancel", lambda: {"RUN_ID": world.waiting_approval()}),
         ("/signals/", lambda: {"RUN_ID": world.waiting_approval()}),
         ("/approvals/", lambda: {"RUN_ID": world.waiting_approval()}),
         ("/resume", lambda: {"RUN_ID": world.waiting_approval()}),
         ("/retry", lambda: {"RUN_ID": world.failed_run()}),
+        ("/pause", lambda: {"RUN_ID": world.waiting_approval()}),
+        ("/unpause", lambda: {"RUN_ID": world.paused_run()}),
+        ("/rerun", lambda: {"RUN_ID": world.completed_run()}),
         ("/requeue", lambda: {"DEAD_LETTER_ID": world.pending_dead_letter()}),
         ("$NEXT", lambda: {"NEXT": world.next_page_token()}),
         ("/admin/api-keys/$KEY_ID", lambda: {"KEY_ID": world.api_key_id(base["ADMIN_TOKEN"])}),

@@ -88,6 +88,10 @@ def _seed(stack: Stack) -> dict[str, list[Any]]:
             submit("requeueable", "acc-fail", name, "failed")
             submit("cancellable", "acc-sleep", {"seconds": 3600}, "waiting_timer")
             submit("resumable", "acc-sleep", {"seconds": 3600}, "waiting_timer")
+            submit("rerunnable", "acc-echo", {"value": i}, "completed")
+            submit("signallable", "acc-sleep", {"seconds": 3600}, "waiting_timer")
+            submit("pausable", "acc-sleep", {"seconds": 3600}, "waiting_timer")
+            submit("unpausable", "acc-sleep", {"seconds": 3600}, "waiting_timer")
 
         def settled() -> bool:
             return all(
@@ -96,12 +100,27 @@ def _seed(stack: Stack) -> dict[str, list[Any]]:
             )
 
         wait_for_sync(settled, timeout=60, what="seeded runs in their states")
+        for run_id in pools["unpausable"]:
+            paused = c.post(f"/runs/{run_id}/pause", json={"reason": "fuzz"})
+            assert paused.status_code == 200, paused.text
         letters = c.get("/dead-letters").json()["items"]
         steps = {
             s["step_id"]
             for run_id in pools["approvable"]
             for s in c.get(f"/runs/{run_id}/steps").json()["items"]
         }
+        # A rerun starts from a journaled step of a finished run (docs/adr/0022-…).
+        from_steps = {
+            s["step_id"]
+            for run_id in pools["rerunnable"]
+            for s in c.get(f"/runs/{run_id}/steps").json()["items"]
+        }
+        # Batches that change nothing (those runs are not paused: skipped), to read and cancel.
+        batches = []
+        for _ in range(3):
+            r = c.post("/runs:unpause", json={"run_ids": pools["signallable"]})
+            assert r.status_code == 202, r.text
+            batches.append(r.json()["batch_id"])
         schedules = []
         for title, timing in (
             ("fuzz-cron", {"cron": "0 3 * * *"}),
@@ -112,6 +131,14 @@ def _seed(stack: Stack) -> dict[str, list[Any]]:
             )
             assert r.status_code == 201, r.text
             schedules.append(r.json()["schedule_id"])
+        # Endpoints to read and list deliveries of, and others to delete (a delete uses
+        # one up). 127.0.0.1 is allowed in this stack (stack_env below); nothing listens
+        # on port 9, so the worker's deliveries fail and are retried, as a down target's.
+        for pool in ("webhooks", "deletable_webhooks"):
+            for i in range(3):
+                r = c.post("/webhooks", json={"url": f"http://127.0.0.1:9/fuzz-{i}"})
+                assert r.status_code == 201, r.text
+                pools.setdefault(pool, []).append(r.json()["webhook_id"])
     return {
         **pools,
         "runs": list(wanted),
@@ -119,6 +146,8 @@ def _seed(stack: Stack) -> dict[str, list[Any]]:
             d["dead_letter_id"] for d in letters if d["run_id"] in pools["requeueable"]
         ],
         "steps": sorted(steps),
+        "from_steps": sorted(from_steps),
+        "batches": batches,
         "schedules": schedules,
         "workflows": ["acc-echo", "acc-approve", "acc-fail", "acc-sleep", "acc-hold"],
         "signals": ["docs_uploaded"],
@@ -135,6 +164,8 @@ BINDINGS = {
     "path.step_id": "steps",
     "path.name": "signals",
     "path.schedule_id": "schedules",
+    "path.batch_id": "batches",
+    "path.webhook_id": "webhooks",
     "body.workflow": "workflows",
     "query.workflow": "workflows",
     "body.cron": "crons",
@@ -148,6 +179,13 @@ POOLS = {
     "retry_run": "retryable",
     "resume_run": "resumable",
     "requeue_dead_letter": "requeueable",
+    "rerun_run": "rerunnable",
+    # Live runs nothing else ends, so a signal finds one to accept it whatever else ran.
+    "send_signal": "signallable",
+    "pause_run": "pausable",
+    "unpause_run": "unpausable",
+    "cancel_batch": "cancelled_batches",
+    "delete_webhook": "deletable_webhooks",
 }
 
 
@@ -168,8 +206,14 @@ def _config(path: Path, seeds: dict[str, list[Any]]) -> None:
         if operation == "migrate_run":
             # Only a migration takes the newer version (elsewhere "2" is unknown: 404).
             overrides["body.version"] = "versions"
+        if operation == "rerun_run":
+            overrides["body.from_step"] = "from_steps"
         if operation == "requeue_dead_letter":
             overrides = {"path.dead_letter_id": "dead_letters"}
+        if operation == "cancel_batch":
+            overrides = {"path.batch_id": "cancelled_batches"}
+        if operation == "delete_webhook":
+            overrides = {"path.webhook_id": "deletable_webhooks"}
         params = ", ".join(f'"{k}" = {bind(v)}' for k, v in overrides.items())
         lines.append(
             f'\n[[operations]]\ninclude-operation-id = "{operation}"\nparameters = {{ {params} }}'
@@ -203,10 +247,30 @@ def _table(coverage: dict[str, Counter[str]]) -> str:
     return "\n".join(rows)
 
 
+@pytest.fixture
+def stack_env(stack_env: dict[str, str]) -> dict[str, str]:
+    """The shared stack's environment, with webhook targets on 127.0.0.1 allowed.
+
+    The fuzzer's webhook bodies are pointed at 127.0.0.1 (tests/acceptance/fuzz_hooks.py)
+    so that ``POST /webhooks`` reaches its real logic; the guard itself is tested in
+    tests/unit/test_webhook_signing.py and tests/integration/test_webhooks.py.
+    """
+    return {**stack_env, "TREADLE_WEBHOOK_ALLOW_PRIVATE": "true"}
+
+
 @pytest.mark.timeout(600)
 def test_schemathesis_finds_no_failures(stack: Stack, tmp_path: Path) -> None:
+    # Cancelled before any worker can finish them: cancelling one again answers 200.
+    with stack.client() as c:
+        cancelled = []
+        for _ in range(3):
+            r = c.post("/runs:unpause", json={"run_ids": [str(uuid.uuid4())]})
+            assert r.status_code == 202, r.text
+            stopped = c.post(f"/batches/{r.json()['batch_id']}/cancel")
+            assert stopped.status_code == 200 and stopped.json()["state"] == "cancelled"
+            cancelled.append(r.json()["batch_id"])
     stack.start_worker()
-    seeds = _seed(stack)
+    seeds = {**_seed(stack), "cancelled_batches": cancelled}
     config = tmp_path / "schemathesis.toml"
     _config(config, seeds)
     tok = DevTokens(DEV_SECRET).mint(

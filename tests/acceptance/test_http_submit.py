@@ -26,7 +26,7 @@ from tests.acceptance.test_http_input import (
 )
 
 BURST = 50
-REPORT_SECTIONS = ["== RUN ==", "== STEPS", "== TIMELINE", "== DEAD LETTERS"]
+REPORT_SECTIONS = ["== RUN ==", "== STEPS", "== TIMELINE", "== LOGS", "== DEAD LETTERS"]
 
 
 def test_submit_list_wait_report_and_cancel(stack: Stack) -> None:
@@ -349,6 +349,8 @@ def check_report(c: httpx.Client, run_id: str) -> None:
         "events",
         "events_truncated",
         "dead_letters",
+        "logs",
+        "logs_total",
         "generated_at",
     }, report.keys()
     assert report["run"]["run_id"] == run_id and report["run"]["status"] == "completed"

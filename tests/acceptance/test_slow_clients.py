@@ -18,12 +18,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import httpx
 import pytest
 
 from tests.acceptance.conftest import Stack, free_port, token
 from tests.acceptance.test_http_input import register_workflows
-from tests.helpers import wait_for_sync
+from tests.helpers import wait_until_serving
 
 BOUND = 2.0  # both read bounds, seconds
 SLACK = 20.0  # generous: a loaded machine may be slow to close, never this slow
@@ -116,17 +115,7 @@ def server(
         s.api = s._spawn(
             ["dev", "--port", str(port), "--handlers", "tests.acceptance.handlers"], "dev"
         )
-
-        def ready() -> bool:
-            assert s.api is not None
-            if s.api.poll() is not None:
-                raise AssertionError(f"dev exited: {s.logs[-1].read_text()[-3000:]}")
-            try:
-                return httpx.get(s.url + "/readyz", timeout=1).status_code == 200
-            except httpx.HTTPError:
-                return False
-
-        wait_for_sync(ready, timeout=60, what="treadle dev ready")
+        wait_until_serving(s.url, s.api, s.logs[-1], timeout=90)
     try:
         yield s
     finally:

@@ -26,6 +26,8 @@ SPEC = ROOT / "openapi" / "openapi.json"
 pytestmark = [
     pytest.mark.skipif(shutil.which("node") is None, reason="node is not installed"),
     pytest.mark.timeout(900),  # npm ci, type generation and tsc on a loaded machine
+    # One worker runs npm ci once for the whole module (ADR 0019).
+    pytest.mark.xdist_group("typescript"),
 ]
 
 

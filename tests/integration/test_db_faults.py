@@ -33,6 +33,7 @@ from app.db.tables import dead_letters, events, runs, steps
 from app.engine import control
 from app.engine.registry import Registry
 from app.sdk import RetryPolicy, WorkflowContext, workflow
+from app.worker.worker import Worker
 from tests.conftest import PG_SERVER, make_settings
 from tests.helpers import wait_for
 from tests.integration import support
@@ -461,8 +462,11 @@ async def test_worker_without_pre_ping_survives_terminated_connections(
     worker's later runs get fresh connections.
     """
     # Deterministic: with one slot the claim loop does not query while the run is
-    # active, and no heartbeat falls due, so the checkpoint is the first statement to
-    # meet a dead connection (any earlier one would drop the whole pool first).
+    # active, no heartbeat falls due, and the worker's own background loops (batch
+    # runner, webhook sender: each polls every poll interval) are idle in this test, so
+    # the checkpoint is the first statement to meet a dead connection (any earlier one
+    # would invalidate the whole pool first and the checkpoint would get a fresh one).
+    # CI run 8 failed with the webhook sender's poll meeting it first.
     settings = make_settings(
         database_url,
         tmp_path,
@@ -472,9 +476,17 @@ async def test_worker_without_pre_ping_survives_terminated_connections(
     )
     db = Database(settings)
     worker_db = Database(settings, pre_ping=False)
-    key = f"pp-{uuid.uuid4().hex[:8]}"
-    run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-held", key=key)
-    async with support.workers(settings, worker_db, REGISTRY, concurrency=1) as (worker,):
+    worker = Worker(settings, worker_db, REGISTRY, concurrency=1)
+
+    async def idle(stopping: asyncio.Event) -> None:
+        await stopping.wait()
+
+    worker.batches.run = idle  # type: ignore[method-assign]
+    worker.webhooks.run = idle  # type: ignore[method-assign]
+    running = asyncio.create_task(worker.run())
+    try:
+        key = f"pp-{uuid.uuid4().hex[:8]}"
+        run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-held", key=key)
         await asyncio.wait_for(_gate(f"{key}:started").wait(), 30)
         # The step's start checkpoint left its connection in the worker's pool.
         assert worker_db.engine.sync_engine.pool.checkedin() >= 1  # type: ignore[attr-defined]
@@ -498,11 +510,16 @@ async def test_worker_without_pre_ping_survives_terminated_connections(
         row = await support.reach(db, TENANT, second, "completed", "failed", timeout=60)
         assert (row["status"], json.loads(row["output"])) == ("completed", "call-1+after")
         assert not worker._stopping.is_set()
-    async with db.read() as conn:
-        failed = await conn.execute(select(func.count()).where(events.c.kind == "run_failed"))
-        assert failed.scalar_one() == 0
-    await worker_db.dispose()
-    await db.dispose()
+        async with db.read() as conn:
+            failed = await conn.execute(select(func.count()).where(events.c.kind == "run_failed"))
+            assert failed.scalar_one() == 0
+    finally:
+        # Disposed whatever failed: pooled connections left to the garbage collector
+        # warn (ResourceWarning) inside whichever test runs next, and fail it.
+        worker.stop()
+        await asyncio.wait_for(running, 30)
+        await worker_db.dispose()
+        await db.dispose()
 
 
 @PG_ONLY

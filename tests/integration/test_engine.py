@@ -446,3 +446,37 @@ def json_loads(text: str) -> dict[str, Any]:
 
     loaded: dict[str, Any] = json.loads(text)
     return loaded
+
+
+async def test_a_claim_that_returns_after_the_drain_began_gives_its_runs_back(
+    settings: Settings, db: Database
+) -> None:
+    # SIGTERM can land while a claim statement is in flight: the runs it returns must be
+    # handed back at once, not started (the drain would wait its whole grace for them).
+    # CI run 10 failed test_drain this way: the later run was claimed 0.3 ms after
+    # "draining" and held the worker for the 60 s grace.
+    calls.clear()
+    run_id = await submit(db, settings, "it-sum", a=1, b=2)
+    worker = Worker(settings, db, REGISTRY, concurrency=8)
+    claim = worker.claimer.claim
+
+    async def claim_then_sigterm(limit: int, *, executing: Any) -> Any:
+        rows = await claim(limit, executing=executing)
+        if rows:
+            worker.stop()  # what SIGTERM does, between the statement and its result
+        return rows
+
+    worker.claimer.claim = claim_then_sigterm  # type: ignore[method-assign,assignment]
+    await asyncio.wait_for(worker.run(), 30)
+    async with db.read() as conn:
+        row = await runs_q.get_run(conn, TENANT, run_id)
+        journaled = (
+            await conn.execute(select(func.count()).where(steps.c.run_id == run_id))
+        ).scalar()
+    assert (row["status"], row["lease_owner"]) == ("queued", None)
+    assert journaled == 0 and calls == {}
+    assert (worker.stats.claimed, worker.stats.released) == (1, 1)
+    # Given back claimable at once: the next worker runs it to the end.
+    async with running_worker(settings, db):
+        done = await finished(db, run_id)
+    assert (done["status"], json.loads(done["output"])) == ("completed", {"total": 3, "doubled": 6})

@@ -218,6 +218,7 @@ async def test_dry_run_and_real_run_agree_on_10k_finished_runs(
         "events": 3000 * 2 + 1000 + 2500 * 2 + 500,
         "signals": 0,
         "approval_decisions": 0,
+        "run_logs": 0,
     }
     assert touched[Tier.ARCHIVAL] == {
         "runs": 4000,
@@ -226,6 +227,7 @@ async def test_dry_run_and_real_run_agree_on_10k_finished_runs(
         "signals": 0,
         "approval_decisions": 0,
         "dead_letters": 1000,
+        "run_logs": 0,
     }
     assert touched[Tier.AUDIT] == {"events": 3000, "dead_letters": 500}
     assert [t.batches for t in real.tiers][:2] == [14, 8]  # 500 runs per transaction

@@ -255,17 +255,16 @@ async def test_the_clock_never_goes_back() -> None:
             await env.skip(-1)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known flaky since the session-5 merge (schedule principal + child access with "
-    "the lease/undo changes): about half the time the one-day child reports DAY+0.08 s "
-    "instead of >= DAY+60 s; each branch alone passes 8/8; to be fixed first next session",
-)
 async def test_children_run_in_the_same_environment_and_share_its_clock() -> None:
     async with WorkflowTestEnv(ALL) as env:
         run = await env.start(parent, Job(key="p"))
         snap = await env.get(run)
         assert snap.status == RunStatus.WAITING_CHILD
+        # Both children were created by the parent's first execution, in parallel: the
+        # first child's suspension waited for the second's journal work (see
+        # RunExecution.journaling), so both started their sleep at the same instant.
+        children = [s for s in await env.steps(run) if s.kind == "child"]
+        assert len(children) == 2
         await env.skip(timedelta(days=1, minutes=1))
         assert (await env.get(run)).status == RunStatus.WAITING_CHILD  # the 2-day one
         one_day, two_days = await env.result(run)
@@ -301,3 +300,34 @@ async def _only_run(env: WorkflowTestEnv) -> uuid.UUID:
     async with env.database.read() as conn:
         run_id: uuid.UUID = (await conn.execute(select(runs.c.run_id))).scalar_one()
     return run_id
+
+
+class PaidOrder(BaseModel):
+    order_id: str
+
+
+@workflow("tk-on-paid", on_event="tk.paid")
+async def tk_on_paid(ctx: WorkflowContext, order: PaidOrder) -> str:
+    return f"started for {order.order_id}"
+
+
+@workflow("tk-await-paid")
+async def tk_await_paid(ctx: WorkflowContext, order: PaidOrder) -> Any:
+    try:
+        got = await ctx.wait_for_event("tk.paid", match={"order_id": order.order_id}, timeout=60)
+    except WaitTimedOut:
+        return "timed out"
+    return got.data
+
+
+async def test_post_event_starts_triggers_and_resumes_waits() -> None:
+    async with WorkflowTestEnv([tk_on_paid, tk_await_paid]) as env:
+        waiting = await env.start(tk_await_paid, PaidOrder(order_id="o1"))
+        await env.run_until_idle()
+        assert (await env.get(waiting)).status == RunStatus.WAITING_EVENT
+        started, resumed = await env.post_event("tk.paid", {"order_id": "o1", "amount": 3})
+        assert resumed == [waiting.run_id] and len(started) == 1
+        assert await env.result(waiting) == {"order_id": "o1", "amount": 3}
+        # A wait with nothing posted times out on the virtual clock, in real milliseconds.
+        late = await env.start(tk_await_paid, PaidOrder(order_id="o2"))
+        assert await env.result(late) == "timed out"

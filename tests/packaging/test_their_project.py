@@ -17,9 +17,12 @@ from pathlib import Path
 import httpx
 import pytest
 
-from tests.helpers import wait_for_sync
+from tests.helpers import wait_for_sync, wait_until_serving
 from tests.packaging.conftest import ROOT, Installed
 from tests.packaging.project import APP_FLOWS
+
+# One worker builds and installs the wheel once for both modules (ADR 0019).
+pytestmark = pytest.mark.xdist_group("packaging")
 
 AUTH = "Authorization"
 INVOICE = {"customer": "acme", "amounts_cents": [1200, 34]}
@@ -74,18 +77,6 @@ def process(
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
-
-
-def wait_ready(url: str, proc: subprocess.Popen[str], log: Path) -> None:
-    def ready() -> bool:
-        if proc.poll() is not None:
-            raise AssertionError(f"process exited: {log.read_text()[-3000:]}")
-        try:
-            return httpx.get(url + "/readyz", timeout=1).status_code == 200
-        except httpx.HTTPError:
-            return False
-
-    wait_for_sync(ready, timeout=60, what=f"{url} ready")
 
 
 def complete_invoice(url: str, token: str) -> None:
@@ -152,7 +143,7 @@ def test_migrate_serve_and_a_worker_on_postgresql(
         process(installed, project, env, "serve", "--port", str(port)) as (api, api_log),
         process(installed, project, env, "worker", "--handlers", "theirpkg.flows"),
     ):
-        wait_ready(url, api, api_log)
+        wait_until_serving(url, api, api_log)
         # `serve` created the dev secret in the project's .treadle/; `token` run there
         # signs with it, so the server accepts the token.
         minted = run(installed, project, "treadle", "token", env=env)
@@ -169,7 +160,7 @@ def test_dev_on_sqlite_and_token_from_elsewhere(
     with process(
         installed, project, env, "dev", "--port", str(port), "--handlers", "theirpkg.flows"
     ) as (dev, log):
-        wait_ready(url, dev, log)
+        wait_until_serving(url, dev, log)
         assert (project / ".treadle" / "treadle.db").is_file()
         printed = re.search(r"^export TREADLE_TOKEN=(\S+)$", log.read_text(), re.M)
         assert printed, log.read_text()
@@ -246,3 +237,10 @@ def test_a_plain_install_runs_sqlite_and_names_the_postgres_extra(
     on_pg = run(plain, project, "treadle", "migrate", env=pg_env)
     assert on_pg.returncode == 2 and "Traceback" not in on_pg.stderr, on_pg.stderr
     assert "install treadle[postgres]" in on_pg.stderr
+    # Asked to trace without the otel extra: one warning, and the process runs untraced.
+    otel_env = plain.env(OTEL_EXPORTER_OTLP_ENDPOINT="http://127.0.0.1:9")
+    code = "from app.core import tracing; print('traced', tracing.setup('their-worker'))"
+    untraced = run(plain, project, "python", "-c", code, env=otel_env)
+    assert untraced.returncode == 0, untraced.stderr
+    assert "traced False" in untraced.stdout
+    assert "treadle[otel] extra is not installed" in untraced.stdout + untraced.stderr

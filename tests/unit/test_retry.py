@@ -70,3 +70,63 @@ def test_invalid_policy_rejected(kwargs: dict[str, object]) -> None:
 def test_attempt_is_one_based() -> None:
     with pytest.raises(ValueError):
         RetryPolicy().delay_after(0, "x")
+
+
+class CardDeclined(Exception):
+    """A payment error the workflow must not retry."""
+
+
+class ExpiredCard(CardDeclined):
+    """A subclass: matched by its base's class or name."""
+
+
+def test_non_retryable_matches_classes_subclasses_and_names() -> None:
+    by_class = RetryPolicy(non_retryable=(CardDeclined,))
+    assert by_class.refusal(CardDeclined("no")) == (
+        "CardDeclined matches RetryPolicy.non_retryable (CardDeclined)"
+    )
+    assert by_class.refusal(ExpiredCard("old")) == (
+        "ExpiredCard matches RetryPolicy.non_retryable (CardDeclined)"
+    )
+    assert by_class.refusal(ConnectionError("flap")) is None
+    # Names: bare, qualified by the module, or a base's name; a prefix is not a match.
+    qualified = f"{__name__}.CardDeclined"
+    for name in ("CardDeclined", qualified):
+        assert RetryPolicy(non_retryable=(name,)).refusal(ExpiredCard("x")) is not None
+    assert RetryPolicy(non_retryable=("Card",)).refusal(CardDeclined("x")) is None
+    assert RetryPolicy(non_retryable=("OSError",)).refusal(ConnectionError("x")) is not None
+    # The default retries everything (Permanent is the engine's own rule).
+    assert RetryPolicy().refusal(CardDeclined("x")) is None
+
+
+def test_retry_on_retries_only_what_it_names_and_non_retryable_wins() -> None:
+    policy = RetryPolicy(retry_on=(ConnectionError, "TimeoutError"))
+    assert policy.refusal(ConnectionResetError("reset")) is None  # a subclass
+    assert policy.refusal(TimeoutError("slow")) is None
+    assert policy.refusal(ValueError("bug")) == (
+        "ValueError is not in RetryPolicy.retry_on (ConnectionError, TimeoutError)"
+    )
+    both = RetryPolicy(retry_on=(Exception,), non_retryable=[CardDeclined])
+    assert both.non_retryable == (CardDeclined,)  # a list is kept as a tuple
+    assert both.refusal(CardDeclined("x")) is not None
+    assert both.refusal(KeyError("x")) is None
+    nothing = RetryPolicy(retry_on=())
+    assert nothing.refusal(ConnectionError("x")) == (
+        "ConnectionError is not in RetryPolicy.retry_on (nothing)"
+    )
+
+
+@pytest.mark.parametrize(
+    "entries",
+    [(42,), ("",), ("  ",), (int,), (None,), (CardDeclined("an instance"),)],
+)
+def test_error_entries_must_be_exception_classes_or_names(entries: tuple[object, ...]) -> None:
+    with pytest.raises(ValueError, match="exception classes or class names"):
+        RetryPolicy(non_retryable=entries)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="exception classes or class names"):
+        RetryPolicy(retry_on=entries)  # type: ignore[arg-type]
+
+
+def test_one_entry_given_bare_is_a_list_of_one() -> None:
+    assert RetryPolicy(non_retryable=CardDeclined).non_retryable == (CardDeclined,)  # type: ignore[arg-type]
+    assert RetryPolicy(retry_on="CardDeclined").retry_on == ("CardDeclined",)

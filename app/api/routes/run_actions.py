@@ -1,17 +1,19 @@
-"""Actions on a run from outside: signals, approval decisions, resume and retry."""
+"""Actions on a run from outside: signals, decisions, resume, retry, pause and rerun."""
 
 from __future__ import annotations
 
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Path, Request
+from fastapi import APIRouter, Body, Path, Request, Response
 
 from app.api import schemas
 from app.api.deps import DB, ApprovalsWrite, RunsWrite, SettingsDep, SignalsWrite, wake_workers
 from app.api.problems import PROBLEM_RESPONSES
 from app.api.routes.runs import parse_run_id
 from app.api.views import dead_letter_view, run_view
+from app.core import metrics
 from app.engine import control
+from app.engine import rerun as rerun_engine
 
 router = APIRouter(prefix="/runs", tags=["runs"])
 
@@ -150,3 +152,111 @@ async def retry_run(
         owner=principal.owner_filter,
     )
     return dead_letter_view(row)
+
+
+@router.post(
+    "/{run_id}/pause",
+    operation_id="pause_run",
+    response_model=schemas.Run,
+    responses={**PROBLEM_RESPONSES, **_CONFLICT},
+)
+async def pause_run(
+    run_id: str,
+    principal: RunsWrite,
+    db: DB,
+    body: Annotated[schemas.PauseRunRequest | None, Body()] = None,
+) -> schemas.Run:
+    """Pause a run (scope ``runs:write``): no new step, no claim, until unpaused.
+
+    It finishes its current step attempt, then its worker releases it.
+
+    Timers and retries falling due meanwhile, signals and approval decisions are kept and
+    acted on after unpause; cancel still works. ``status`` keeps what the run waits on;
+    ``paused_at``, ``paused_by`` and ``pause_reason`` show the pause. Pausing a paused run
+    returns it unchanged. 409 if the run has finished.
+    """
+    rid = parse_run_id(run_id)
+    row, changed = await control.pause(
+        db,
+        tenant_id=principal.tenant_id,
+        run_id=rid,
+        actor=principal.subject,
+        reason=body.reason if body else None,
+        owner=principal.owner_filter,
+    )
+    if changed:
+        metrics.RUN_CONTROLS.labels("pause").inc()
+    return run_view(row)
+
+
+@router.post(
+    "/{run_id}/unpause",
+    operation_id="unpause_run",
+    response_model=schemas.Run,
+    responses={**PROBLEM_RESPONSES, **_CONFLICT},
+)
+async def unpause_run(run_id: str, request: Request, principal: RunsWrite, db: DB) -> schemas.Run:
+    """Unpause a paused run (scope ``runs:write``).
+
+    It is claimable again at once if anything fell due while it was paused. 409 if it is
+    not paused or has finished.
+    """
+    row = await control.unpause(
+        db,
+        tenant_id=principal.tenant_id,
+        run_id=parse_run_id(run_id),
+        actor=principal.subject,
+        owner=principal.owner_filter,
+    )
+    metrics.RUN_CONTROLS.labels("unpause").inc()
+    wake_workers(request)
+    return run_view(row)
+
+
+@router.post(
+    "/{run_id}/rerun",
+    operation_id="rerun_run",
+    response_model=schemas.Run,
+    status_code=201,
+    responses={
+        **PROBLEM_RESPONSES,
+        **_CONFLICT,
+        200: {"model": schemas.Run, "description": "Idempotent retry: the same rerun"},
+    },
+)
+async def rerun_run(
+    run_id: str,
+    body: schemas.RerunRequest,
+    request: Request,
+    response: Response,
+    principal: RunsWrite,
+    db: DB,
+    settings: SettingsDep,
+) -> schemas.Run:
+    """Rerun a finished run from step ``from_step`` (scope ``runs:write``).
+
+    A new run of the same workflow version and input. Its ``rerun_of`` is this run; its
+    journal is this run's up to (not including) ``from_step``, so those results replay
+    and are not executed again. 201 with ``Location``; 200 with the same run for a retry
+    with the same ``idempotency_key``. 422 if ``from_step`` is not a journaled step of the
+    run; 409 if the run has not finished, its workflow version is no longer registered, or
+    an entry before ``from_step`` cannot replay (a compensation, an undone or unfinished
+    step).
+    """
+    row, created = await rerun_engine.rerun(
+        db,
+        settings,
+        tenant_id=principal.tenant_id,
+        run_id=parse_run_id(run_id),
+        from_step=body.from_step,
+        subject=principal.subject,
+        api_key_id=principal.api_key_id,
+        idempotency_key=body.idempotency_key,
+        owner=principal.owner_filter,
+    )
+    if created:
+        metrics.RUN_CONTROLS.labels("rerun").inc()
+        wake_workers(request)
+    response.status_code = 201 if created else 200
+    response.headers["Location"] = f"/runs/{row['run_id']}"
+    return run_view(row)

@@ -9,11 +9,11 @@ from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Header, Query, Request, Response
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.api import schemas
+from app.api import event_stream, schemas
 from app.api.deps import (
     DB,
     RunsCancel,
@@ -26,6 +26,11 @@ from app.api.deps import (
     visible_run,
     wake_workers,
 )
+from app.api.event_stream import (
+    EventStreamResponse,
+    parse_last_event_id,
+    streams_of,
+)
 from app.api.links import RUN_LINKS
 from app.api.pagination import INT32_MAX, decode_token, encode_token, int_position
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
@@ -34,23 +39,27 @@ from app.api.views import (
     dead_letter_view,
     event_view,
     is_redacted,
+    log_view,
     render_report_text,
     run_view,
     step_view,
     withheld_outputs,
 )
 from app.auth.principal import Principal
-from app.core import metrics
+from app.core import metrics, tracing
 from app.core.errors import BadRequest, InvalidInput, RunNotFound
+from app.core.labels import MAX_LABELS, LabelFilter, parse_label_filter, validate_labels
 from app.core.settings import Settings
 from app.core.status import RunReason, RunStatus, StepStatus
 from app.db.database import fetch_now
 from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
 from app.db.queries import events as events_q
-from app.db.queries import runs as runs_q
+from app.db.queries import run_filters as filters_q
+from app.db.queries import run_logs as run_logs_q
 from app.db.queries import states as states_q
 from app.db.queries import steps as steps_q
+from app.db.queries.run_filters import RunListFilters
 from app.engine import control
 from app.engine.submit import SubmitRequest
 
@@ -142,13 +151,16 @@ async def submit_run(
         concurrency_key=body.concurrency_key,
         delay=body.delay,
         priority=body.priority,
+        labels=validate_labels(body.labels),
     )
     row, created = await submitter.submit(
         req,
         tenant_id=principal.tenant_id,
         subject=principal.subject,
         api_key_id=principal.api_key_id,
+        trace=tracing.submit_context(request.headers),
     )
+    tracing.annotate(run_id=row["run_id"], workflow=row["workflow"])
     if created:
         metrics.RUNS_SUBMITTED.labels(body.workflow).inc()
         wake_workers(request)
@@ -157,14 +169,192 @@ async def submit_run(
     return run_view(row)
 
 
+WorkflowFilter = Annotated[str | None, Query(max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
+IdempotencyKeyFilter = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=255,
+        json_schema_extra=schemas.NO_CONTROL_CHARS,
+        description="Only the run submitted with this idempotency key (at most one).",
+    ),
+]
+
+
+ReasonFilter = Annotated[
+    RunReason | None, Query(description="Only runs that ended this way (e.g. `succeeded`).")
+]
+VersionFilter = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=64,
+        json_schema_extra=schemas.NO_CONTROL_CHARS,
+        description="Only runs of this definition version.",
+    ),
+]
+WaitingOnFilter = Annotated[
+    str | None,
+    Query(
+        min_length=1,
+        max_length=240,
+        pattern=r"^[a-z_]{1,32}(:[^\x00-\x1f\x7f]{1,200})?$",
+        description="Only runs waiting on this: `<kind>` or `<kind>:<name>` (e.g. "
+        "`signal:payment`, `approval:manager`, `timer`), as in the run's `waiting_on`.",
+    ),
+]
+# Query parameters the list and counts routes take besides ``label.<key>``: anything
+# else is refused, so a misspelt filter never silently lists every run.
+_LIST_PARAMS = frozenset(
+    {
+        "workflow",
+        "status",
+        "reason",
+        "version",
+        "created_after",
+        "created_before",
+        "finished_after",
+        "finished_before",
+        "idempotency_key",
+        "waiting_on",
+        "page_token",
+        "limit",
+        "tenant",
+    }
+)
+
+
+def _utc(name: str, value: datetime | None) -> datetime | None:
+    if value is None:
+        return None
+    if value.tzinfo is None:
+        raise BadRequest(f"{name} needs a timezone (e.g. Z)")
+    try:
+        return value.astimezone(UTC)
+    except OverflowError:
+        raise BadRequest(f"{name} is out of range") from None
+
+
+def _label_filters(request: Request, *, counts: bool) -> tuple[LabelFilter, ...]:
+    """The request's ``label.<key>`` filters; refuses unknown or repeated parameters."""
+    found: list[LabelFilter] = []
+    allowed = _LIST_PARAMS - ({"status", "page_token", "limit"} if counts else set())
+    for name in request.query_params:
+        if name.startswith("label."):
+            continue
+        if name not in allowed:
+            raise InvalidInput(
+                f"unknown filter {name[:80]!r}: use one of {', '.join(sorted(allowed))} "
+                "or label.<key>",
+                errors=[{"path": f"query.{name[:80]}", "message": "unknown filter"}],
+            )
+    for name, raw in request.query_params.multi_items():
+        if not name.startswith("label."):
+            continue
+        if len(request.query_params.getlist(name)) > 1:
+            raise InvalidInput(
+                f"filter {name[:80]!r} is given more than once (a run has one value per key)",
+                errors=[{"path": f"query.{name[:80]}", "message": "repeated"}],
+            )
+        found.append(parse_label_filter(name, raw))
+    if len(found) > MAX_LABELS:
+        raise InvalidInput(
+            f"at most {MAX_LABELS} label filters",
+            errors=[{"path": "query", "message": "too many label filters"}],
+        )
+    return tuple(found)
+
+
+class RunFilterQuery(BaseModel):
+    """The filters ``GET /runs`` and ``GET /runs/counts`` share, declared once.
+
+    Used as a query model (``RunFilters``): FastAPI flattens its fields into the query
+    parameters where it is declared, so both operations document the same names, types
+    and descriptions. ``status`` (list only), paging and ``tenant`` stay on the routes.
+    Unknown parameters are refused by ``_label_filters`` (``label.<key>`` is the only
+    open-ended name), so the model ignores extras rather than forbidding them.
+    """
+
+    workflow: WorkflowFilter = None
+    reason: ReasonFilter = None
+    version: VersionFilter = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+    finished_after: datetime | None = None
+    finished_before: datetime | None = None
+    idempotency_key: IdempotencyKeyFilter = None
+    waiting_on: WaitingOnFilter = None
+
+
+RunFilters = Annotated[RunFilterQuery, Query()]
+
+
+def _filters(
+    request: Request,
+    q: RunFilterQuery,
+    *,
+    counts: bool,
+    status: RunStatus | None = None,
+) -> tuple[RunListFilters, dict[str, Any]]:
+    """The list filters and their page-token form (new filters only when given)."""
+    _check_key(q.idempotency_key)
+    _check_key(q.version, "version")
+    labels = _label_filters(request, counts=counts)
+    kind, name = None, None
+    if q.waiting_on is not None:
+        kind, _, rest = q.waiting_on.partition(":")
+        name = rest or None
+    f = RunListFilters(
+        workflow=q.workflow,
+        status=status.value if status else None,
+        reason=q.reason.value if q.reason else None,
+        version=q.version,
+        created_after=_utc("created_after", q.created_after),
+        created_before=_utc("created_before", q.created_before),
+        finished_after=_utc("finished_after", q.finished_after),
+        finished_before=_utc("finished_before", q.finished_before),
+        idempotency_key=q.idempotency_key,
+        waiting_kind=kind,
+        waiting_name=name,
+        labels=labels,
+    )
+    token: dict[str, Any] = {
+        "workflow": q.workflow,
+        "status": f.status,
+        "created_after": f.created_after.isoformat() if f.created_after else None,
+        "created_before": f.created_before.isoformat() if f.created_before else None,
+    }
+    # Only when given: tokens issued before these filters existed stay valid.
+    extra: dict[str, Any] = {
+        "idempotency_key": q.idempotency_key,
+        "reason": f.reason,
+        "version": q.version,
+        "finished_after": f.finished_after.isoformat() if f.finished_after else None,
+        "finished_before": f.finished_before.isoformat() if f.finished_before else None,
+        "waiting_on": q.waiting_on,
+        "labels": sorted([lf.key, lf.value, lf.prefix] for lf in labels) or None,
+    }
+    token.update({k: v for k, v in extra.items() if v is not None})
+    return f, token
+
+
+def _check_key(value: str | None, name: str = "idempotency_key") -> None:
+    # The pattern in the spec documents it; this gives the clear message (and PostgreSQL
+    # could not even compare a NUL).
+    if value is not None and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+        raise InvalidInput(
+            f"{name} may not contain control characters",
+            errors=[{"path": f"query.{name}", "message": "control characters"}],
+        )
+
+
 @router.get("", operation_id="list_runs", response_model=schemas.RunPage, responses=_PROBLEMS)
 async def list_runs(
+    request: Request,
     principal: RunsRead,
     db: DB,
-    workflow: Annotated[str | None, Query(max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")] = None,
+    q: RunFilters,
     status: RunStatus | None = None,
-    created_after: datetime | None = None,
-    created_before: datetime | None = None,
     page_token: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=200)] = 50,
     tenant: TenantQuery = None,
@@ -174,37 +364,27 @@ async def list_runs(
     Pagination is keyset-based on the time-ordered run id: pages stay stable while runs
     are inserted. ``page_token`` is opaque and only valid with the same filters. Runs of
     ``owner``-policy workflows appear only to their submitter (and to ``admin``).
+    ``idempotency_key`` finds the run submitted with that key, if any. Time ranges are
+    ``[after, before)``; ``finished_*`` match only finished runs. Every filter is served
+    by an index (docs/adr/0020-run-labels.md).
+
+    Label filters: ``label.<key>=<value>`` (equality) or ``label.<key>=<prefix>*``
+    (prefix), one per key, at most 16, all ANDed. Any other query parameter is a 422.
     """
     tenant_id = read_tenant(principal, tenant)
-    for value in (created_after, created_before):
-        if value is not None and value.tzinfo is None:
-            raise BadRequest("created_after/created_before need a timezone (e.g. Z)")
-    try:
-        created_after = created_after.astimezone(UTC) if created_after else None
-        created_before = created_before.astimezone(UTC) if created_before else None
-    except OverflowError:
-        raise BadRequest("created_after/created_before is out of range") from None
-    filters = {
-        "workflow": workflow,
-        "status": status.value if status else None,
-        "created_after": created_after.isoformat() if created_after else None,
-        "created_before": created_before.isoformat() if created_before else None,
-    }
+    filters, token_filters = _filters(request, q, counts=False, status=status)
     before = None
     if page_token:
-        position = decode_token(page_token, tenant_id, "runs", filters)
+        position = decode_token(page_token, tenant_id, "runs", token_filters)
         try:
             before = uuid.UUID(str(position))
         except ValueError:
             raise BadRequest("page_token is malformed") from None
     async with db.read() as conn:
-        rows = await runs_q.list_runs(
+        rows = await filters_q.list_runs(
             conn,
             tenant_id,
-            workflow=workflow,
-            status=filters["status"],
-            created_after=created_after,
-            created_before=created_before,
+            filters,
             before_run_id=before,
             limit=limit + 1,
             owner=principal.owner_filter,
@@ -212,8 +392,37 @@ async def list_runs(
     items = [run_view(r) for r in rows[:limit]]
     token = None
     if len(rows) > limit:
-        token = encode_token(tenant_id, "runs", filters, str(rows[limit - 1]["run_id"]))
+        token = encode_token(tenant_id, "runs", token_filters, str(rows[limit - 1]["run_id"]))
     return schemas.RunPage(items=items, next_page_token=token)
+
+
+@router.get(
+    "/counts", operation_id="count_runs", response_model=schemas.RunCounts, responses=_PROBLEMS
+)
+async def count_runs(
+    request: Request,
+    principal: RunsRead,
+    db: DB,
+    q: RunFilters,
+    tenant: TenantQuery = None,
+) -> schemas.RunCounts:
+    """How many of the runs ``GET /runs`` lists with the same filters are in each status.
+
+    Every status appears (0 when no run is in it), so a dashboard can show them all;
+    ``total`` is their sum. Scoped exactly like the list (tenant, owner policy), with the
+    same filters but ``status``.
+
+    Label filters: ``label.<key>=<value>`` (equality) or ``label.<key>=<prefix>*``
+    (prefix), one per key, at most 16, all ANDed. Any other query parameter is a 422.
+    """
+    tenant_id = read_tenant(principal, tenant)
+    filters, _ = _filters(request, q, counts=True)
+    async with db.read() as conn:
+        found = await filters_q.count_listed_by_status(
+            conn, tenant_id, filters, owner=principal.owner_filter
+        )
+    counts = {s.value: found.get(s.value, 0) for s in RunStatus}
+    return schemas.RunCounts(counts=counts, total=sum(counts.values()))
 
 
 @router.get("/{run_id}", operation_id="get_run", response_model=schemas.Run, responses=_PROBLEMS)
@@ -346,24 +555,70 @@ async def list_run_steps(
     "/{run_id}/events",
     operation_id="list_run_events",
     response_model=schemas.EventPage,
-    responses=_PROBLEMS,
+    responses={
+        200: {
+            "description": "A page of events; with `follow=true` a `text/event-stream` "
+            "(docs/api.md, Live events)",
+            "content": {"text/event-stream": {"schema": {"type": "string"}}},
+        },
+        429: {
+            "model": schemas.Problem,
+            "description": "follow=true: the tenant holds "
+            "TREADLE_EVENT_STREAM_MAX_PER_TENANT streams on this server; retry after "
+            "Retry-After",
+        },
+        **_PROBLEMS,
+    },
 )
 async def list_run_events(
     run_id: str,
+    request: Request,
     principal: RunsRead,
     db: DB,
+    settings: SettingsDep,
     page_token: Annotated[str | None, Query(max_length=1000)] = None,
     limit: Annotated[int, Query(ge=1, le=500)] = 200,
     tenant: TenantQuery = None,
-) -> schemas.EventPage:
-    """The run's append-only timeline, oldest first."""
+    follow: Annotated[
+        bool, Query(description="Stream the events live as Server-Sent Events.")
+    ] = False,
+    after: Annotated[
+        int | None,
+        Query(ge=0, le=2**63 - 1, description="follow=true: only events after this id."),
+    ] = None,
+    last_event_id: Annotated[
+        str | None,
+        Header(
+            alias="Last-Event-ID",
+            max_length=64,
+            description="follow=true: resume after this event id (wins over `after`).",
+        ),
+    ] = None,
+) -> Any:
+    """The run's append-only timeline, oldest first.
+
+    With ``follow=true`` the answer is a ``text/event-stream`` instead: every event after
+    ``Last-Event-ID`` (or ``after``; default: from the start) as one SSE message (``id``
+    the event id, ``event`` its kind, ``data`` the event's JSON as in a page), live as the
+    run goes on, heartbeat comments while idle, and a last ``event: end`` message once
+    the run is terminal and every event was sent. ``page_token`` and ``limit`` do not
+    apply to a stream; ``after`` and ``Last-Event-ID`` apply only to one (400 otherwise).
+    A tenant may hold ``TREADLE_EVENT_STREAM_MAX_PER_TENANT`` streams per API server
+    (429 beyond). See docs/api.md (Live events).
+    """
     rid = parse_run_id(run_id)
+    if follow:
+        return await _follow_events(
+            request, principal, db, settings, rid, tenant, after, last_event_id
+        )
+    if after is not None or last_event_id is not None:
+        raise BadRequest("after and Last-Event-ID need follow=true (pages use page_token)")
     scope = f"events:{rid}"
-    after = int_position(page_token, principal.tenant_id, scope)
+    after_id = int_position(page_token, principal.tenant_id, scope)
     async with db.read() as conn:
         run = await visible_run(conn, principal, rid, tenant)
         rows = await events_q.list_events(
-            conn, run["tenant_id"], rid, after_id=after, limit=limit + 1
+            conn, run["tenant_id"], rid, after_id=after_id, limit=limit + 1
         )
     token = None
     if len(rows) > limit:
@@ -374,6 +629,27 @@ async def list_run_events(
     )
 
 
+async def _follow_events(
+    request: Request,
+    principal: Principal,
+    db: DB,
+    settings: Settings,
+    rid: uuid.UUID,
+    tenant: str | None,
+    after: int | None,
+    last_event_id: str | None,
+) -> EventStreamResponse:
+    cursor = parse_last_event_id(last_event_id) if last_event_id is not None else after
+    async with db.read() as conn:
+        run = await visible_run(conn, principal, rid, tenant)
+    streams = streams_of(request.app, settings)
+    streams.acquire(principal.tenant_id)
+    frames = event_stream.follow(
+        db, streams, settings, tenant_id=run["tenant_id"], run_id=rid, after=cursor or 0
+    )
+    return EventStreamResponse(frames, streams, principal.tenant_id)
+
+
 async def _report(
     db: DB,
     principal: Principal,
@@ -381,6 +657,7 @@ async def _report(
     run_id: str,
     events_limit: int,
     tenant: str | None,
+    logs_limit: int = 50,
 ) -> schemas.RunReport:
     rid = parse_run_id(run_id)
     async with db.read() as conn:
@@ -396,6 +673,9 @@ async def _report(
             conn, owner_tenant, rid, after_id=None, limit=events_limit + 1
         )
         dl_rows = await dl_q.list_for_run(conn, owner_tenant, rid)
+        log_rows, logs_total = await run_logs_q.last_lines(
+            conn, owner_tenant, rid, limit=logs_limit
+        )
         now = await fetch_now(conn, db.dialect)
     redacted = is_redacted(row)
     withheld = withheld_outputs(row)
@@ -406,11 +686,16 @@ async def _report(
         events=[event_view(e, redacted) for e in event_rows[:events_limit]],
         events_truncated=len(event_rows) > events_limit,
         dead_letters=[dead_letter_view(d) for d in dl_rows],
+        logs=[log_view(x, redacted) for x in log_rows],
+        logs_total=logs_total,
     )
 
 
 EventsLimit = Annotated[
     int, Query(ge=1, le=10_000, description="Timeline events included (the first N).")
+]
+LogsLimit = Annotated[
+    int, Query(ge=0, le=1_000, description="ctx.logger lines included (the last N).")
 ]
 
 
@@ -436,16 +721,18 @@ async def get_run_report(
     # clients get the text from get_run_report_text; ?format=text is curl's shortcut.
     format: Annotated[Literal["json", "text"] | None, Query(include_in_schema=False)] = None,
     events_limit: EventsLimit = 1000,
+    logs_limit: LogsLimit = 50,
     tenant: TenantQuery = None,
 ) -> Any:
-    """The operator's report: run, steps, timeline and dead letters, as JSON.
+    """The operator's report: run, steps, timeline, log lines and dead letters, as JSON.
 
-    ``Accept: text/plain`` (or ``?format=text``, for ``curl``) gives the four readable
+    ``Accept: text/plain`` (or ``?format=text``, for ``curl``) gives the five readable
     text sections of ``GET /runs/{run_id}/report.txt`` instead. ``events_limit`` bounds
     the timeline to its first N events (``events_truncated`` says when more exist; page
-    through ``/events`` for the rest).
+    through ``/events`` for the rest); ``logs_limit`` keeps the run's last N
+    ``ctx.logger`` lines (``logs_total`` counts them all; page through ``/logs``).
     """
-    report = await _report(db, principal, settings, run_id, events_limit, tenant)
+    report = await _report(db, principal, settings, run_id, events_limit, tenant, logs_limit)
     wants_text = format == "text" or (
         format is None and "text/plain" in request.headers.get("accept", "")
     )
@@ -461,7 +748,7 @@ async def get_run_report(
     responses={
         200: {
             "content": {"text/plain": {"schema": {"type": "string"}}},
-            "description": "Four text sections: run, steps, timeline, dead letters",
+            "description": "Five text sections: run, steps, timeline, logs, dead letters",
         },
         **_PROBLEMS,
     },
@@ -472,14 +759,16 @@ async def get_run_report_text(
     db: DB,
     settings: SettingsDep,
     events_limit: EventsLimit = 1000,
+    logs_limit: LogsLimit = 50,
     tenant: TenantQuery = None,
 ) -> SafeTextResponse:
     """The operator's report as readable text (what ``treadle runs report`` prints).
 
-    The same content as ``GET /runs/{run_id}/report`` in four sections: the run, its
-    steps, its timeline (first ``events_limit`` events) and its dead letters.
+    The same content as ``GET /runs/{run_id}/report`` in five sections: the run, its
+    steps, its timeline (first ``events_limit`` events), its last ``logs_limit``
+    ``ctx.logger`` lines and its dead letters.
     """
-    report = await _report(db, principal, settings, run_id, events_limit, tenant)
+    report = await _report(db, principal, settings, run_id, events_limit, tenant, logs_limit)
     return SafeTextResponse(render_report_text(report))
 
 

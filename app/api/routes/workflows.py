@@ -55,9 +55,12 @@ async def list_workflows(
                 input_schema=json.loads(r["input_schema"]),
                 output_schema=json.loads(r["output_schema"]),
                 states=json.loads(r["states"]),
+                graph=json.loads(r["graph"]),
                 queue_controls=schemas.QueueControlsView.model_validate(
                     QueueControls.from_json(json.loads(r["queue_controls"])).to_json()
                 ),
+                on_event=r["on_event"],
+                event_filter=json.loads(r["event_filter"]),
                 first_registered_at=r["first_registered_at"],
                 last_registered_at=r["last_registered_at"],
                 live_workers=sorted(runs_by_key.get(f"{r['name']}@{r['version']}", [])),

@@ -171,11 +171,22 @@ _COMPLETE = text(
                     lease_owner = NULL, lease_expires_at = NULL, available_at = NULL,
                     blocked_reason = NULL, finished_at = now(), updated_at = now()
     WHERE run_id = :run_id AND fence = :fence AND status IN ({_LEASED_SQL})
-    RETURNING run_id, tenant_id
+    RETURNING run_id, tenant_id, workflow, status, reason, finished_at
 ),
 timeline AS (
     INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
     SELECT run_id, tenant_id, now(), :event_kind, NULL, NULL, NULL FROM finished
+),
+-- The run's webhook deliveries, matched as app/db/queries/webhooks.py record_terminal does.
+webhooks AS (
+    INSERT INTO webhook_deliveries (delivery_id, tenant_id, endpoint_id, run_id, workflow,
+                                    run_status, run_reason, finished_at, state, attempts,
+                                    next_attempt_at, fence, created_at, updated_at)
+    SELECT gen_random_uuid(), f.tenant_id, e.endpoint_id, f.run_id, f.workflow, f.status,
+           f.reason, f.finished_at, 'pending', 0, now(), 0, now(), now()
+    FROM finished f JOIN webhook_endpoints e
+      ON e.tenant_id = f.tenant_id AND e.events LIKE '%,' || f.status || ',%'
+     AND (e.workflow IS NULL OR e.workflow = f.workflow)
 )
 SELECT count(*) FROM finished"""
 ).bindparams(
@@ -192,6 +203,8 @@ async def complete_run(
     conn: AsyncConnection, *, run_id: uuid.UUID, fence: int, output: str
 ) -> None:
     """Fence-check, write ``completed`` with ``output`` (JSON text), append ``run_completed``.
+
+    Its webhook deliveries are written by the same statement (app/engine/webhooks.py).
 
     The same writes as :func:`app.db.queries.runs.finish_run` plus
     :func:`app.db.queries.events.append`, as one statement on an autocommit connection

@@ -29,12 +29,17 @@ async def upsert_definition(
     access: str = "tenant",
     states: str | None = None,
     queue_controls: str | None = None,
+    graph: str | None = None,
+    on_event: str | None = None,
+    event_filter: str | None = None,
 ) -> None:
     """Register (or refresh) one workflow definition version.
 
     ``access`` is its access policy (``tenant`` or ``owner``); ``states`` is a state
-    machine's JSON list of states (None for other kinds); ``queue_controls`` the JSON of
-    :meth:`app.sdk.queue.QueueControls.to_json` (None: the defaults).
+    machine's JSON list of states and ``graph`` a DAG's JSON list of nodes (None for other
+    kinds); ``queue_controls`` the JSON of
+    :meth:`app.sdk.queue.QueueControls.to_json` (None: the defaults); ``on_event`` and
+    ``event_filter`` (JSON) its event trigger (None: no event starts it).
     """
     now = now_expr(conn.dialect.name)
     stmt = _insert(conn, workflow_definitions).values(
@@ -45,7 +50,10 @@ async def upsert_definition(
         output_schema=output_schema,
         access=access,
         states=states,
+        graph=graph,
         queue_controls=queue_controls,
+        on_event=on_event,
+        event_filter=event_filter,
         first_registered_at=now,
         last_registered_at=now,
     )
@@ -57,7 +65,10 @@ async def upsert_definition(
             "output_schema": output_schema,
             "access": access,
             "states": states,
+            "graph": graph,
             "queue_controls": queue_controls,
+            "on_event": on_event,
+            "event_filter": event_filter,
             "last_registered_at": now,
         },
     )

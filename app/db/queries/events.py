@@ -5,15 +5,17 @@ from __future__ import annotations
 import functools
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, insert, select
+from sqlalchemy import RowMapping, case, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
 from app.core.status import EventKind
 from app.db.dialect import now_expr
-from app.db.tables import events
+from app.db.tables import events, runs
 
 
 async def append(
@@ -85,7 +87,75 @@ async def append_claims(
     )
 
 
-async def count_for_run(conn: AsyncConnection, run_id: uuid.UUID) -> int:
-    """Number of events in a run's timeline (range scan of ``ix_events_run_id_event_id``)."""
-    stmt = select(func.count()).select_from(events).where(events.c.run_id == run_id)
-    return int((await conn.execute(stmt)).scalar_one())
+@dataclass(frozen=True, slots=True)
+class Emit:
+    """One ``ctx.emit`` waiting to be appended as an ``emitted`` event.
+
+    Attributes:
+        at: the database clock when it was made (estimated by the worker).
+        data: the event's data as JSON object text (``{"name", "data", "attempt"}``).
+        step_id: the step whose attempt emitted it, None for workflow code.
+    """
+
+    at: datetime
+    data: str
+    step_id: str | None
+
+
+async def append_emits(
+    conn: AsyncConnection, *, run_id: uuid.UUID, tenant_id: str, emits: Sequence[Emit]
+) -> None:
+    """Append ``emits`` as ``emitted`` events, in order, in one multi-row INSERT.
+
+    Call inside a fenced write, after the fence check: the run row lock it takes is what
+    keeps one run's event ids in commit order (every writer of a run's timeline holds
+    it), so a follower reading ``event_id > cursor`` never skips a late commit
+    (docs/adr/0028-live-event-streams.md).
+    """
+    if not emits:
+        return
+    await conn.execute(
+        insert(events),
+        [
+            {
+                "run_id": run_id,
+                "tenant_id": tenant_id,
+                "at": emit.at,
+                "kind": EventKind.EMITTED.value,
+                "step_id": emit.step_id,
+                "actor": None,
+                "data": emit.data,
+            }
+            for emit in emits
+        ],
+    )
+
+
+async def counts_for_run(conn: AsyncConnection, run_id: uuid.UUID) -> tuple[int, int]:
+    """``(events, emitted events)`` of a run's timeline, in one range scan of its index."""
+    emitted = func.coalesce(
+        func.sum(case((events.c.kind == EventKind.EMITTED.value, 1), else_=0)), 0
+    )
+    stmt = select(func.count(), emitted).select_from(events).where(events.c.run_id == run_id)
+    row = (await conn.execute(stmt)).one()
+    return int(row[0]), int(row[1])
+
+
+async def follow_position(
+    conn: AsyncConnection, tenant_id: str, run_id: uuid.UUID
+) -> tuple[str, str | None, int | None] | None:
+    """The run's status, reason and highest event id, read in one statement; None if gone.
+
+    What a follower polls (``GET /runs/{run_id}/events?follow=true``): the status is read
+    before (or with) the events it then lists, so "terminal, and nothing after my cursor"
+    means every event of the run was sent. The id is a backward scan of
+    ``ix_events_run_id_event_id`` (one index entry), the run a primary-key lookup.
+    """
+    top = select(func.max(events.c.event_id)).where(events.c.run_id == run_id).scalar_subquery()
+    stmt = select(runs.c.status, runs.c.reason, top).where(
+        runs.c.run_id == run_id, runs.c.tenant_id == tenant_id
+    )
+    row = (await conn.execute(stmt)).one_or_none()
+    if row is None:
+        return None
+    return str(row[0]), row[1], None if row[2] is None else int(row[2])

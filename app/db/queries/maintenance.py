@@ -25,6 +25,7 @@ from app.db.tables import (
     approval_decisions,
     dead_letters,
     events,
+    run_logs,
     runs,
     runs_archive,
     signals,
@@ -102,8 +103,9 @@ async def compact_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> d
     """Clear the payloads of these (terminal) runs; rows and states stay.
 
     Cleared: run input (to JSON ``null``) and output, step outputs, event data, signal and
-    approval-decision payloads. Kept: statuses, reasons, errors (an operator needs the
-    why), timings and ids. ``runs.compacted_at`` records when.
+    approval-decision payloads; the run's ``ctx.logger`` lines are deleted (handler code
+    fills their messages and fields from payloads). Kept: statuses, reasons, errors (an
+    operator needs the why), timings and ids. ``runs.compacted_at`` records when.
 
     Returns:
         Rows changed per table.
@@ -121,7 +123,14 @@ async def compact_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> d
     )
     done = [r[0] for r in compacted.all()]
     if not done:
-        return {"runs": 0, "steps": 0, "events": 0, "signals": 0, "approval_decisions": 0}
+        return {
+            "runs": 0,
+            "steps": 0,
+            "events": 0,
+            "signals": 0,
+            "approval_decisions": 0,
+            "run_logs": 0,
+        }
     counts = {"runs": len(done)}
     for name, table, column in (
         ("steps", steps, steps.c.output),
@@ -135,13 +144,16 @@ async def compact_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> d
             .values({column.name: None})
         )
         counts[name] = result.rowcount
+    logs = await conn.execute(delete(run_logs).where(run_logs.c.run_id.in_(done)))
+    counts["run_logs"] = logs.rowcount
     return counts
 
 
 async def archive_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> dict[str, int]:
     """Move these (terminal) runs to ``runs_archive``; drop everything hanging off them.
 
-    Dropped: steps, events, signals, approval decisions and dead letters of the runs.
+    Dropped: steps, events, signals, approval decisions, dead letters and ``ctx.logger``
+    lines (``run_logs``) of the runs.
     Deletes are explicit rather than left to ``ON DELETE CASCADE`` so the counts are exact.
 
     Returns:
@@ -169,6 +181,7 @@ async def archive_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> d
         ("signals", signals),
         ("approval_decisions", approval_decisions),
         ("dead_letters", dead_letters),
+        ("run_logs", run_logs),
     ):
         result = await conn.execute(delete(table).where(table.c.run_id.in_(done)))
         counts[name] = result.rowcount

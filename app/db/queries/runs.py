@@ -57,6 +57,7 @@ CLAIMABLE_STATUSES = (
     RunStatus.WAITING_SIGNAL,
     RunStatus.WAITING_APPROVAL,
     RunStatus.WAITING_CHILD,
+    RunStatus.WAITING_EVENT,
 )
 WAITING_STATUSES = (
     RunStatus.RETRYING,
@@ -64,6 +65,7 @@ WAITING_STATUSES = (
     RunStatus.WAITING_SIGNAL,
     RunStatus.WAITING_APPROVAL,
     RunStatus.WAITING_CHILD,
+    RunStatus.WAITING_EVENT,
 )
 
 
@@ -216,38 +218,6 @@ async def get_run_any_tenant(conn: AsyncConnection, run_id: uuid.UUID) -> RowMap
     return result.mappings().first()
 
 
-async def list_runs(
-    conn: AsyncConnection,
-    tenant_id: str,
-    *,
-    workflow: str | None,
-    status: str | None,
-    created_after: datetime | None,
-    created_before: datetime | None,
-    before_run_id: uuid.UUID | None,
-    limit: int,
-    owner: str | None = None,
-) -> Sequence[RowMapping]:
-    """List a tenant's runs newest first with keyset pagination on the UUIDv7 run id.
-
-    Keyset (``run_id < :before``) rather than OFFSET keeps pages stable while new runs are
-    inserted: new ids sort above every page already served.
-    """
-    stmt = select(runs).where(runs.c.tenant_id == tenant_id, visible_to(owner))
-    if workflow is not None:
-        stmt = stmt.where(runs.c.workflow == workflow)
-    if status is not None:
-        stmt = stmt.where(runs.c.status == status)
-    if created_after is not None:
-        stmt = stmt.where(runs.c.created_at >= created_after)
-    if created_before is not None:
-        stmt = stmt.where(runs.c.created_at < created_before)
-    if before_run_id is not None:
-        stmt = stmt.where(runs.c.run_id < before_run_id)
-    stmt = stmt.order_by(runs.c.run_id.desc()).limit(limit)
-    return (await conn.execute(stmt)).mappings().all()
-
-
 def _claimable(definition_keys: Sequence[tuple[str, str]], dialect: str) -> list[Any]:
     """WHERE clauses of a due, claimable run of the given (workflow, version) pairs.
 
@@ -261,6 +231,9 @@ def _claimable(definition_keys: Sequence[tuple[str, str]], dialect: str) -> list
         runs.c.available_at.is_not(None),
         runs.c.available_at <= now_expr(dialect),
         runs.c.status.in_([s.value for s in CLAIMABLE_STATUSES]),
+        # A paused run is never claimed; its due time is kept, so whatever fell due
+        # meanwhile (a timer, a retry, a signal) is claimed on unpause (ADR 0021).
+        runs.c.paused_at.is_(None),
         tuple_(runs.c.workflow, runs.c.version).in_(list(definition_keys)),
         _not_executing(dialect),
     ]
@@ -732,6 +705,23 @@ async def make_due(conn: AsyncConnection, *, run_id: uuid.UUID) -> bool:
     return (await conn.execute(stmt)).rowcount == 1
 
 
+async def wake_parent(conn: AsyncConnection, *, parent_run_id: uuid.UUID) -> bool:
+    """A child run ended: make its parent claimable now if it waits; True if it did.
+
+    The parent's row is locked first, whatever its status, as :func:`lock_run` orders a
+    signal against a release. A parent being released at this moment then either waits
+    for this transaction (its release's wake check sees the child terminal) or has
+    committed its release (the update below sees it waiting). A bare conditional UPDATE
+    that finds the parent still ``running`` takes no lock on PostgreSQL, and the
+    release's wake check, reading before this transaction commits, misses the child:
+    the parent would wait forever. (SQLite: the write lock already serializes both.)
+    """
+    if _dialect(conn) == "postgresql":
+        lock = select(runs.c.run_id).where(runs.c.run_id == parent_run_id).with_for_update()
+        await conn.execute(lock)
+    return await make_due(conn, run_id=parent_run_id)
+
+
 async def make_due_for_resume(conn: AsyncConnection, *, run_id: uuid.UUID) -> bool:
     """``POST /runs/{id}/resume``: make a run that waits for something claimable now.
 
@@ -932,3 +922,58 @@ async def count_open_by_version(
         stmt = stmt.where(runs.c.available_at.is_not(None))
     stmt = stmt.group_by(runs.c.workflow, runs.c.version)
     return {(w, v): int(n) for w, v, n in (await conn.execute(stmt)).all()}
+
+
+async def set_pause(
+    conn: AsyncConnection, *, run_id: uuid.UUID, paused_by: str, reason: str | None
+) -> None:
+    """Mark a run paused now by ``paused_by`` (docs/adr/0021-pause-is-a-flag-beside-the-status.md).
+
+    Neither the status nor the fence moves: an attempt in flight finishes and checkpoints,
+    and the run keeps the due time of whatever it waits on.
+    """
+    now = now_expr(_dialect(conn))
+    await conn.execute(
+        update(runs)
+        .where(runs.c.run_id == run_id)
+        .values(paused_at=now, paused_by=paused_by, pause_reason=reason, updated_at=now)
+    )
+
+
+async def clear_pause(conn: AsyncConnection, *, run_id: uuid.UUID) -> None:
+    """Unmark a pause: the run is claimable again as soon as its ``available_at`` is due."""
+    await conn.execute(
+        update(runs)
+        .where(runs.c.run_id == run_id)
+        .values(
+            paused_at=None,
+            paused_by=None,
+            pause_reason=None,
+            updated_at=now_expr(_dialect(conn)),
+        )
+    )
+
+
+async def is_paused(conn: AsyncConnection, run_id: uuid.UUID) -> bool:
+    """Whether the run is paused now (the executor's pause point, one primary-key read)."""
+    found = await conn.execute(select(runs.c.paused_at).where(runs.c.run_id == run_id))
+    return found.scalar_one_or_none() is not None
+
+
+async def set_rerun_of(
+    conn: AsyncConnection, *, run_id: uuid.UUID, rerun_of: uuid.UUID, from_step: str
+) -> RowMapping:
+    """Link a just-inserted rerun to its original; returns the updated row."""
+    row = (
+        (
+            await conn.execute(
+                update(runs)
+                .where(runs.c.run_id == run_id)
+                .values(rerun_of=rerun_of, rerun_from_step=from_step)
+                .returning(*runs.c)
+            )
+        )
+        .mappings()
+        .one()
+    )
+    return row

@@ -501,3 +501,50 @@ async def retry_backoffs_now(conn: AsyncConnection, run_id: uuid.UUID) -> None:
         .where(steps.c.run_id == run_id, steps.c.status == StepStatus.RETRY_WAIT.value)
         .values(next_attempt_at=now_expr(conn.dialect.name))
     )
+
+
+async def copy_journal_prefix(
+    conn: AsyncConnection,
+    *,
+    source_run_id: uuid.UUID,
+    target_run_id: uuid.UUID,
+    tenant_id: str,
+    before_seq: int,
+) -> int:
+    """Copy a run's journal entries with ``seq < before_seq`` to another run (a rerun).
+
+    The copies keep step id, seq, kind, name, status, attempts, output, error, deadline,
+    detail and timings, so the rerun replays them exactly as the original would; their
+    fence is 0 (the rerun's first claim makes it 1). One ``INSERT … SELECT``.
+
+    Returns:
+        How many entries were copied.
+    """
+    src = steps.alias("src")
+    cols = [
+        "step_id",
+        "seq",
+        "kind",
+        "name",
+        "status",
+        "attempt",
+        "max_attempts",
+        "output",
+        "error",
+        "next_attempt_at",
+        "deadline",
+        "detail",
+        "created_at",
+        "started_at",
+        "finished_at",
+    ]
+    picked = select(
+        literal(target_run_id, type_=steps.c.run_id.type).label("run_id"),
+        literal(tenant_id, type_=steps.c.tenant_id.type).label("tenant_id"),
+        *[src.c[c] for c in cols],
+        literal(0, type_=steps.c.fence.type).label("fence"),
+    ).where(src.c.run_id == source_run_id, src.c.seq < before_seq)
+    result = await conn.execute(
+        insert(steps).from_select(["run_id", "tenant_id", *cols, "fence"], picked)
+    )
+    return int(result.rowcount or 0)

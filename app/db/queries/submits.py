@@ -34,9 +34,10 @@ _SUBMIT = (
         f"""WITH inserted AS (
     INSERT INTO runs (run_id, tenant_id, workflow, version, status, input, idempotency_key,
                       request_hash, created_by, api_key_id, access, priority,
-                      created_at, updated_at, available_at)
+                      trace_parent, trace_state, created_at, updated_at, available_at)
     VALUES (:run_id, :tenant_id, :workflow, :version, :status, :input, :idempotency_key,
             :request_hash, :created_by, :api_key_id, :access, :priority,
+            :trace_parent, :trace_state,
             now(), now(), now() + make_interval(secs => :delay_seconds))
     ON CONFLICT (tenant_id, idempotency_key) DO NOTHING
     RETURNING {_RUN_COLUMNS}
@@ -64,6 +65,8 @@ SELECT {_RUN_COLUMNS} FROM inserted, announced"""
         bindparam("api_key_id", type_=Uuid()),
         bindparam("access", type_=String()),
         bindparam("priority", type_=Integer()),
+        bindparam("trace_parent", type_=String()),
+        bindparam("trace_state", type_=String()),
         bindparam("delay_seconds", type_=Double()),
         bindparam("event_kind", type_=String()),
         bindparam("event_data", type_=Text()),
@@ -92,12 +95,15 @@ async def submit_run(
     delay_seconds: float | None,
     event_data: str,
     channel: str,
+    trace_parent: str | None = None,
+    trace_state: str | None = None,
 ) -> RowMapping | None:
     """Insert a ``queued`` run, its ``run_submitted`` event and NOTIFY, as one statement.
 
     Run on an autocommit connection (PostgreSQL). ``available_at`` is the database clock
     plus ``delay_seconds`` (None or 0: now). ``event_data`` is the event's JSON text;
-    ``channel`` the NOTIFY channel workers LISTEN on (:mod:`app.engine.wakeup`).
+    ``channel`` the NOTIFY channel workers LISTEN on (:mod:`app.engine.wakeup`);
+    ``trace_parent`` / ``trace_state`` the W3C trace context the run is submitted under.
 
     Returns:
         The inserted run row, or None when the tenant's ``idempotency_key`` is already
@@ -119,6 +125,8 @@ async def submit_run(
             "api_key_id": api_key_id,
             "access": access,
             "priority": priority,
+            "trace_parent": trace_parent,
+            "trace_state": trace_state,
             "delay_seconds": float(delay_seconds or 0.0),
             "event_kind": EventKind.RUN_SUBMITTED.value,
             "event_data": event_data,

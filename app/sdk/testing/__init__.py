@@ -31,7 +31,9 @@ the run finishes, as Temporal's time-skipping test server does.
 from app.core.status import RunStatus, StepStatus
 from app.sdk.testing.clock import VirtualClock
 from app.sdk.testing.env import (
+    EmitSnapshot,
     EventSnapshot,
+    LogSnapshot,
     RunBlocked,
     RunHandle,
     RunNotCompleted,
@@ -41,7 +43,9 @@ from app.sdk.testing.env import (
 )
 
 __all__ = [
+    "EmitSnapshot",
     "EventSnapshot",
+    "LogSnapshot",
     "RunBlocked",
     "RunHandle",
     "RunNotCompleted",

@@ -25,16 +25,18 @@ from sqlalchemy import func, select, tuple_, type_coerce
 
 from app.core import json
 from app.core.settings import Settings
-from app.core.status import RunStatus, StepStatus
+from app.core.status import EventKind, RunStatus, StepStatus
 from app.db.database import Database
 from app.db.dialect import now_expr
 from app.db.migrations import upgrade_to_head
 from app.db.queries import events as events_q
+from app.db.queries import run_logs as run_logs_q
 from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
 from app.db.tables import runs
 from app.db.types import UtcDateTime
 from app.engine import control
+from app.engine.events import EventPost, post_event
 from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
 from app.sdk.testing.clock import VirtualClock, install_clock
@@ -42,6 +44,7 @@ from app.sdk.workflow import WorkflowDefinition
 from app.worker.worker import Worker
 
 __all__ = [
+    "EmitSnapshot",
     "EventSnapshot",
     "RunBlocked",
     "RunHandle",
@@ -138,6 +141,29 @@ class EventSnapshot:
     step_id: str | None
     actor: str | None
     data: Any
+
+
+@dataclass(frozen=True, slots=True)
+class LogSnapshot:
+    """One line the run kept from ``ctx.logger`` (``step_id``/``attempt`` None in workflow code)."""
+
+    seq: int
+    at: datetime
+    level: str
+    message: str
+    fields: dict[str, Any] | None
+    step_id: str | None
+    attempt: int | None
+
+
+@dataclass(frozen=True, slots=True)
+class EmitSnapshot:
+    """One ``ctx.emit`` the run kept (``step_id``/``attempt`` None in workflow code)."""
+
+    name: str
+    data: Any
+    step_id: str | None
+    attempt: int | None
 
 
 class RunNotCompleted(Exception):
@@ -539,6 +565,36 @@ class WorkflowTestEnv:
         await self.run_until_idle()
         return signal_id
 
+    async def post_event(
+        self,
+        name: str,
+        data: Any = None,
+        *,
+        key: str | None = None,
+        sender: str = "test-sender",
+    ) -> tuple[list[uuid.UUID], list[uuid.UUID]]:
+        """Post an event as ``POST /events`` does (triggers and waits), then run until idle.
+
+        Returns:
+            ``(started run ids, resumed run ids)``, as the API's response lists them.
+
+        Raises:
+            IdempotencyConflict: ``key`` was used for a different event.
+            InvalidInput: the data fails a triggered workflow's input schema.
+        """
+        assert self._submit is not None, "use WorkflowTestEnv as a context manager"
+        if isinstance(data, BaseModel):
+            data = data.model_dump(mode="json")
+        record, _ = await post_event(
+            self.database,
+            self._submit,
+            EventPost(name=name, data=data, key=key),
+            tenant_id=self.tenant_id,
+            subject=sender,
+        )
+        await self.run_until_idle()
+        return record.started_run_ids, record.resumed_run_ids
+
     async def approve(
         self,
         run: RunHandle[Any] | uuid.UUID,
@@ -685,6 +741,47 @@ class WorkflowTestEnv:
                 step_id=r["step_id"],
                 actor=r["actor"],
                 data=_decode(r["data"]),
+            )
+            for r in rows
+        ]
+
+    async def emits(self, run: RunHandle[Any] | uuid.UUID) -> list[EmitSnapshot]:
+        """What the run emitted with ``ctx.emit``, in timeline order (the ``emitted`` events).
+
+        The same rows ``GET /runs/{run_id}/events`` serves: replays emit nothing again,
+        each attempt of a retried step keeps its own.
+        """
+        found: list[EmitSnapshot] = []
+        for event in await self.events(run):
+            if event.kind != EventKind.EMITTED:
+                continue
+            body = event.data or {}
+            found.append(
+                EmitSnapshot(
+                    name=str(body.get("name")),
+                    data=body.get("data"),
+                    step_id=event.step_id,
+                    attempt=body.get("attempt"),
+                )
+            )
+        return found
+
+    async def logs(self, run: RunHandle[Any] | uuid.UUID) -> list[LogSnapshot]:
+        """The lines the run kept from ``ctx.logger``, in order (any dropped-lines summary last)."""
+        run_id = (await self.get(run)).run_id
+        async with self.database.read() as conn:
+            rows = await run_logs_q.list_lines(
+                conn, self.tenant_id, run_id, after_seq=None, limit=2**31 - 1
+            )
+        return [
+            LogSnapshot(
+                seq=r["seq"],
+                at=r["at"],
+                level=r["level"],
+                message=json.loads(r["message"]),
+                fields=_decode(r["fields"]),
+                step_id=r["step_id"],
+                attempt=r["attempt"],
             )
             for r in rows
         ]

@@ -1,0 +1,97 @@
+"""The API's access log: one line per HTTP request, with the route template.
+
+A pure ASGI middleware (no ``BaseHTTPMiddleware``: that one runs the app in another task
+and buffers streaming responses), inside :class:`app.api.app.RequestId`, so each line
+carries that request's ``request_id`` from the structlog context. It replaces uvicorn's
+own access log, which knows only the raw path (ids, query strings) and no request id.
+Choices: docs/adr/0024-one-log-pipeline-and-an-access-log.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any
+
+import structlog
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from app.core import metrics
+
+log = structlog.get_logger("treadle.access")
+
+# Probes poll every few seconds forever: their lines would drown the rest at info.
+PROBE_ROUTES = frozenset({"/healthz", "/readyz", "/metrics"})
+
+# Logged when the client went away (or the server stopped) before any response started;
+# nginx's code for "client closed request", so it cannot be mistaken for a status we sent.
+CLIENT_CLOSED = 499
+
+
+def route_template(scope: Scope) -> str:
+    """The matched route's template (``/runs/{run_id}``), or ``unmatched``.
+
+    Read after the app ran (the router stores the route in the scope). The template,
+    never the raw path: it holds no ids or query strings and keeps metric labels and log
+    values bounded.
+    """
+    route: Any = scope.get("route")
+    return getattr(route, "path", None) or "unmatched"
+
+
+class AccessLog:
+    """ASGI middleware: log each request when it ends, and count and time it (metrics).
+
+    The line is ``request`` at info (probes at debug); the series are
+    ``treadle_http_requests_total`` and ``treadle_http_request_duration_seconds``.
+
+    Fields: ``method``, ``route`` (template), ``status`` (the response's, 500 when the app
+    raised before answering, :data:`CLIENT_CLOSED` when it was cancelled before
+    answering), ``duration_ms`` (float, to the end of the response body), ``client``
+    (the peer's host as uvicorn saw it, after its proxy-header handling) and, from the
+    context, ``request_id``. Never headers (tokens), query strings or bodies.
+    """
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """ASGI entry point."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status: int | None = None
+
+        async def capture(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        failed: type[BaseException] | None = None
+        try:
+            await self.app(scope, receive, capture)
+        except BaseException as exc:
+            failed = type(exc)
+            raise
+        finally:
+            elapsed = time.perf_counter() - started
+            route = route_template(scope)
+            method = scope.get("method", "GET")
+            # The HTTP metrics are this layer's too (one status capture per request); an
+            # unanswered request counts as 500 there, as it always has.
+            metrics.HTTP_REQUESTS.labels(method, route, str(status or 500)).inc()
+            metrics.HTTP_DURATION.labels(method, route).observe(elapsed)
+            if status is None:
+                status = CLIENT_CLOSED if failed is asyncio.CancelledError else 500
+            client = scope.get("client")
+            line = log.debug if route in PROBE_ROUTES else log.info
+            line(
+                "request",
+                method=scope.get("method", ""),
+                route=route,
+                status=status,
+                duration_ms=round(elapsed * 1000, 3),
+                client=client[0] if client else None,
+            )

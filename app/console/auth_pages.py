@@ -1,0 +1,112 @@
+"""Sign-in (``/ui/login``) and sign-out (``/ui/logout``) of the console."""
+
+from __future__ import annotations
+
+import hmac
+import secrets
+from typing import Annotated
+
+from fastapi import APIRouter, Form, Request
+from fastapi.responses import Response
+
+from app.client import TreadleAPIError
+from app.console import sessions
+from app.console.sessions import Session
+from app.console.web import CsrfForm, api_message, redirect, render, safe_next
+
+router = APIRouter()
+
+# Sign-in has no session yet, so its form is CSRF-protected by a double-submit cookie:
+# another site can neither read the cookie nor set it, so it cannot sign a browser in
+# under the attacker's own token ("login CSRF").
+LOGIN_COOKIE = "treadle_console_login"
+
+
+async def login_page(
+    request: Request,
+    *,
+    next_url: str,
+    error: str | None = None,
+    notice: str | None = None,
+    status_code: int = 200,
+) -> Response:
+    """The sign-in page with a fresh double-submit token (cookie and hidden field).
+
+    ``error`` shows in ``role=alert``, ``notice`` in ``role=status``.
+    """
+    login_csrf = secrets.token_urlsafe(32)
+    flash = ("alert", error) if error else (("status", notice) if notice else None)
+    response = await render(
+        request,
+        "login.html",
+        {"next": next_url, "login_csrf": login_csrf, "flash": flash, "oidc": _oidc(request)},
+        status_code=status_code,
+    )
+    response.set_cookie(
+        LOGIN_COOKIE,
+        login_csrf,
+        max_age=3600,
+        path="/ui/login",
+        secure=request.url.scheme == "https",
+        httponly=True,
+        samesite="lax",
+    )
+    return response
+
+
+def _oidc(request: Request) -> str | None:
+    # The identity provider's display name when OIDC sign-in is configured
+    # (app.state.oidc_sign_in, driven by app.console.oidc_pages).
+    found = getattr(request.app.state, "oidc_sign_in", None)
+    return str(found.provider_name) if found is not None else None
+
+
+@router.get("/login")
+async def login_form(
+    request: Request, next: str | None = None, expired: str | None = None
+) -> Response:
+    """The sign-in form: paste an API key or a token once."""
+    sessions.get_config(request)  # 503 page when the console is not configured
+    notice = "Your session ended: sign in again." if expired else None
+    return await login_page(request, next_url=safe_next(next), notice=notice)
+
+
+@router.post("/login")
+async def login(
+    request: Request,
+    token: Annotated[str, Form(max_length=sessions.MAX_TOKEN_CHARS + 100)] = "",
+    next: Annotated[str, Form(max_length=2000)] = "",
+    login_csrf: Annotated[str, Form(max_length=200)] = "",
+) -> Response:
+    """Check the token with the API; on success start a session and go to ``next``.
+
+    A token the API refuses shows the form again with the API's message (401).
+    """
+    sessions.get_config(request)
+    target = safe_next(next)
+    cookie = request.cookies.get(LOGIN_COOKIE, "")
+    if not cookie or not hmac.compare_digest(cookie.encode(), login_csrf.encode()):
+        return await login_page(
+            request,
+            next_url=target,
+            error="This sign-in form expired or came from another site: nothing was done. "
+            "Sign in again.",
+            status_code=403,
+        )
+    response = redirect(target)
+    try:
+        await sessions.start_session(request, response, token)
+    except TreadleAPIError as exc:
+        if exc.status is None or exc.status >= 500:
+            raise
+        return await login_page(request, next_url=target, error=api_message(exc), status_code=401)
+    response.delete_cookie(LOGIN_COOKIE, path="/ui/login")
+    return response
+
+
+@router.post("/logout")
+async def logout(request: Request, session: Session, form: CsrfForm) -> Response:
+    """End the session (its row is deleted: the old cookie is refused from now on)."""
+    response = redirect("/ui/login")
+    await sessions.end_session(request, session, response)
+    return response

@@ -1,0 +1,119 @@
+"""The *Dead letters* page (``/ui/dead-letters``): list, filters, paging and requeue."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+
+from app.client import TreadleAPIError, quote_segment
+from app.console.sessions import Session, flash
+from app.console.web import (
+    Client,
+    CsrfForm,
+    api_message,
+    form_text,
+    page_limit,
+    query_string,
+    redirect,
+    render,
+    safe_next,
+)
+
+router = APIRouter()
+
+PAGE_SIZE = 50
+STATUSES = ("pending", "all")
+
+
+def _filters(request: Request) -> dict[str, str]:
+    # Cut to the API's own limits; the API validates the rest (its 422 shown as an alert).
+    p = request.query_params
+    status = p.get("status", "pending")
+    return {
+        "status": status if status in STATUSES else "pending",
+        "workflow": p.get("workflow", "").strip()[:200],
+        "page_token": p.get("page_token", "")[:1000],
+        "limit": page_limit(p.get("limit", "")),
+    }
+
+
+@router.get("/dead-letters")
+async def dead_letters(request: Request, session: Session, api: Client) -> Response:
+    """The tenant's dead letters (pending by default, or all), newest first, 50 a page.
+
+    Filters: ``status`` (``pending`` | ``all``), ``workflow``, ``page_token`` (the API's),
+    ``limit`` (page size 1..200).
+    A filter the API refuses (400/422) is shown as an alert above an empty page.
+    """
+    f = _filters(request)
+    ctx: dict[str, Any] = {"filters": f, "statuses": STATUSES, "page": None, "query": query_string}
+    try:
+        ctx["page"] = await api.dead_letters(
+            status=f["status"],
+            workflow=f["workflow"] or None,
+            page_token=f["page_token"] or None,
+            limit=int(f["limit"] or PAGE_SIZE),
+        )
+    except TreadleAPIError as exc:
+        if exc.status not in (400, 422):
+            raise
+        ctx["flash"] = ("alert", api_message(exc))
+    return await render(request, "dead_letters.html", ctx, session=session)
+
+
+@router.post("/dead-letters/{dead_letter_id}/requeue")
+async def requeue(
+    request: Request, dead_letter_id: str, session: Session, api: Client, form: CsrfForm
+) -> Response:
+    """Requeue one dead letter (``POST /dead-letters/{id}/requeue``) after a confirm step.
+
+    Form fields: ``reason`` (required by the API), ``correlation_id`` (optional),
+    ``back`` (the list URL to return to). The API's refusal (409 already requeued, 422
+    empty reason, 403 missing scope, 404) comes back as an alert; nothing is done then.
+    """
+    reason = form_text(form, "reason", max_chars=2000)
+    correlation_id = form_text(form, "correlation_id", max_chars=300).strip()
+    back = form_text(form, "back", max_chars=2000)
+    back = safe_next(back, "/ui/dead-letters")
+    if not back.startswith("/ui/dead-letters"):
+        back = "/ui/dead-letters"
+    action = f"/ui/dead-letters/{quote_segment(dead_letter_id)}/requeue"
+    if form_text(form, "confirm") != "yes":
+        return await render(
+            request,
+            "confirm.html",
+            {
+                "title": "Requeue dead letter",
+                "message": f"Requeue dead letter {dead_letter_id}? Its run re-runs from "
+                "the failed point: failed steps start over, succeeded ones replay.",
+                "preview": f"Reason: {reason}"
+                + (f"\nCorrelation id: {correlation_id}" if correlation_id else ""),
+                "action": action,
+                "fields": [
+                    ("reason", reason),
+                    ("correlation_id", correlation_id),
+                    ("back", back),
+                ],
+                "button": "Requeue",
+                "back": back,
+            },
+            session=session,
+        )
+    try:
+        done = await api.requeue(
+            dead_letter_id, reason=reason, correlation_id=correlation_id or None
+        )
+    except TreadleAPIError as exc:
+        if exc.status is None or exc.status >= 500 or exc.status == 401:
+            raise
+        await flash(request, session, "alert", f"Not requeued: {api_message(exc)}")
+        return redirect(back)
+    await flash(
+        request,
+        session,
+        "status",
+        f"Requeued dead letter {done.dead_letter_id}: run {done.run_id} runs again.",
+    )
+    return redirect(back)

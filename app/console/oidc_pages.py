@@ -1,0 +1,94 @@
+"""OpenID Connect sign-in of the console: ``/ui/login/oidc`` and its callback.
+
+The protocol (authorization code with PKCE, state, nonce, id_token checks) is
+:class:`app.auth.oidc.OidcSignIn`'s, built by ``create_app`` as ``app.state.oidc_sign_in``
+when ``TREADLE_OIDC_CLIENT_ID`` is set (docs/adr/0018-oidc-discovery-and-jwks-refresh-
+through-authlib.md). These two routes only drive it: redirect to the provider with a
+short-lived encrypted state cookie, then on the way back exchange the code and start a
+console session with the token the API accepts, exactly as a pasted token would
+(:func:`app.console.sessions.start_session`). Without an identity provider both are 404.
+"""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, HTTPException, Request
+from fastapi.responses import RedirectResponse, Response
+
+from app.auth.oidc import STATE_COOKIE, STATE_TTL_SECONDS, OidcError, OidcSignIn
+from app.client import TreadleAPIError
+from app.console import auth_pages, sessions
+from app.console.web import api_message, redirect
+
+router = APIRouter()
+
+_COOKIE_PATH = "/ui/login/oidc"
+
+
+def provider(request: Request) -> OidcSignIn | None:
+    """The configured OIDC sign-in, or None (the login page then shows no link)."""
+    found = getattr(request.app.state, "oidc_sign_in", None)
+    return found if isinstance(found, OidcSignIn) else None
+
+
+def _required(request: Request) -> OidcSignIn:
+    found = provider(request)
+    if found is None:
+        raise HTTPException(404, "no identity provider is configured")
+    return found
+
+
+async def _refused(request: Request, message: str) -> Response:
+    response = await auth_pages.login_page(
+        request,
+        next_url="/ui/runs",
+        error=f"Sign-in with the identity provider failed: {message}",
+        status_code=401,
+    )
+    response.delete_cookie(STATE_COOKIE, path=_COOKIE_PATH)
+    return response
+
+
+@router.get("/login/oidc")
+async def begin(request: Request) -> Response:
+    """Redirect (303) to the provider's authorization endpoint with a fresh state cookie."""
+    oidc = _required(request)
+    sessions.get_config(request)  # 503 page when the console has no session secret
+    base = str(request.base_url).rstrip("/")
+    try:
+        url, cookie = await oidc.begin(oidc.redirect_url(base))
+    except OidcError as exc:
+        return await _refused(request, str(exc))
+    response = RedirectResponse(url, status_code=303)
+    response.set_cookie(
+        STATE_COOKIE,
+        cookie,
+        max_age=STATE_TTL_SECONDS,
+        path=_COOKIE_PATH,
+        secure=request.url.scheme == "https",
+        httponly=True,
+        samesite="lax",  # the provider's redirect back is a top-level GET: Lax sends it
+    )
+    return response
+
+
+@router.get("/login/oidc/callback")
+async def callback(request: Request) -> Response:
+    """Finish the sign-in: check state and id_token, then start a session (303 to Runs).
+
+    Any failure (state mismatch or expiry, the provider's error, a bad id_token, a token
+    the API refuses) shows the login page with the reason, status 401, and no session.
+    """
+    oidc = _required(request)
+    try:
+        login = await oidc.complete(request.query_params, request.cookies.get(STATE_COOKIE))
+    except OidcError as exc:
+        return await _refused(request, str(exc))
+    response = redirect("/ui/runs")
+    try:
+        await sessions.start_session(request, response, login.token)
+    except TreadleAPIError as exc:
+        if exc.status is None or exc.status >= 500:
+            raise
+        return await _refused(request, api_message(exc))
+    response.delete_cookie(STATE_COOKIE, path=_COOKIE_PATH)  # one sign-in, one cookie
+    return response

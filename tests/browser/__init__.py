@@ -1,0 +1,1 @@
+"""Browser tests: Debian Chromium driven by Playwright against the real stack."""

@@ -1,0 +1,80 @@
+"""The start form generator (app.console.schema_form): fields, skeletons, built input."""
+
+from __future__ import annotations
+
+import pytest
+
+from app.console import schema_form as sf
+from tests.console.pages.form_handlers import FormInput
+
+
+def test_fields_cover_simple_kinds_and_fall_back_to_json() -> None:
+    fields = sf.fields_for(FormInput.model_json_schema())
+    assert fields is not None
+    kinds = {f.name: (f.kind, f.required) for f in fields}
+    assert kinds == {
+        "title": ("string", True),
+        "count": ("integer", True),
+        "ratio": ("number", False),
+        "urgent": ("boolean", False),
+        "color": ("enum", False),  # behind a $ref
+        "tags": ("json", False),
+        "address": ("json", True),  # nested object behind a $ref
+        "note": ("string", False),  # anyOf [string, null]
+    }
+    by_name = {f.name: f for f in fields}
+    assert by_name["color"].options == [('"red"', "red"), ('"green"', "green")]
+    assert by_name["color"].default == '"green"'
+    assert by_name["address"].default == '{\n  "street": "",\n  "zip_code": ""\n}'
+    assert by_name["tags"].default == "[]"
+
+
+@pytest.mark.parametrize("schema", [{}, {"type": "array"}, {"type": "object"}, True, None])
+def test_no_form_for_schemas_that_are_not_objects_with_properties(schema: object) -> None:
+    assert sf.fields_for(schema) is None
+
+
+def test_build_input_types_and_leaves_out_empty_fields() -> None:
+    fields = sf.fields_for(FormInput.model_json_schema())
+    assert fields is not None
+    names = {f.name: f.input_name for f in fields}
+    typed = {
+        names["title"]: " padded ",
+        names["count"]: "7",
+        names["ratio"]: "",
+        names["urgent"]: "true",
+        names["color"]: '"red"',
+        names["tags"]: '["a"]',
+        names["address"]: '{"street": "Main", "zip_code": "1"}',
+        names["note"]: "",
+    }
+    assert sf.build_input(typed, fields) == {
+        "title": " padded ",
+        "count": 7,
+        "urgent": True,
+        "color": "red",
+        "tags": ["a"],
+        "address": {"street": "Main", "zip_code": "1"},
+    }
+    # Not a number: sent as typed, so the API's schema check names the field.
+    assert sf.build_input({names["count"]: "seven"}, fields) == {"count": "seven"}
+    with pytest.raises(sf.FormInputError, match="Address is not valid JSON"):
+        sf.build_input({names["address"]: "{street"}, fields)
+
+
+def test_whole_input_textarea() -> None:
+    assert sf.whole_skeleton({"type": "array", "items": {"type": "string"}}) == "[]"
+    assert sf.build_input({sf.WHOLE: " [1, 2] "}, None) == [1, 2]
+    assert sf.build_input({sf.WHOLE: ""}, None) is None
+    with pytest.raises(sf.FormInputError, match="not valid JSON"):
+        sf.build_input({sf.WHOLE: "[1,"}, None)
+
+
+def test_ref_loops_do_not_hang() -> None:
+    schema = {
+        "type": "object",
+        "properties": {"a": {"$ref": "#/$defs/A"}},
+        "$defs": {"A": {"$ref": "#/$defs/A"}},
+    }
+    fields = sf.fields_for(schema)
+    assert fields is not None and fields[0].kind == "json"
