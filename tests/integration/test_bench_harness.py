@@ -8,10 +8,13 @@ worker process. The figures themselves are not judged here: docs/benchmarks.md i
 from __future__ import annotations
 
 import shutil
+import tempfile
+from pathlib import Path
 
 import pytest
 
-from benchmarks import pglimit, throughput
+from benchmarks import footprint, pglimit, throughput
+from benchmarks.chaos import PG_BIN, Cluster
 from benchmarks.common import percentile
 from benchmarks.profiling import summarize
 
@@ -30,6 +33,25 @@ def test_throughput_drains_every_run_with_a_real_worker() -> None:
     assert r["runs"] == 6
     assert r["steps_per_second"] > 0
     assert r["worker_cpu_ms_per_step"] > 0
+
+
+@pytest.mark.skipif(not (PG_BIN / "initdb").exists(), reason="PostgreSQL binaries not found")
+def test_footprint_counts_a_drain_on_its_own_cluster() -> None:
+    # Not pytest's tmp_path: its parent is private to root, and the cluster runs as postgres.
+    with tempfile.TemporaryDirectory(prefix="treadle-footprint-") as tmp:
+        cluster = Cluster(Path(tmp))
+        cluster.init()
+        cluster.start()
+        try:
+            r = footprint.measure(cluster, n_runs=5, n_steps=2)
+        finally:
+            cluster.stop()
+    assert r["rows_per_run"]["runs"] == 1.0
+    assert r["rows_per_run"]["steps"] == 2.0
+    # A step commits at least its result; the drain's figure can only be larger.
+    assert r["drain_commits_per_step"] >= 1
+    assert r["drain_wal_bytes_per_step"] > 0
+    assert r["worker_peak_connections"] >= 1
 
 
 def test_percentile_and_profile_summary() -> None:
