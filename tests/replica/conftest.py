@@ -19,8 +19,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import shutil
-import tempfile
 import subprocess
+import tempfile
 import time
 import uuid
 from collections.abc import Iterator
