@@ -123,6 +123,20 @@ class StreamingPair:
         """Apply WAL again on the standby."""
         await asql(self.standby.dsn(), "SELECT pg_wal_replay_resume()")
 
+    def stop_standby(self) -> None:
+        """Shut the standby down (fast: its connections are cut)."""
+        self.standby.stop()
+
+    def start_standby(self) -> None:
+        """Start the standby again; wait until it streams and has replayed a commit.
+
+        Blocking (call it from a thread in an async test).
+        """
+        self.standby.start()
+        _wait_streaming(self.standby)
+        sql(self.primary.dsn(), "INSERT INTO replayed DEFAULT VALUES")
+        _wait_replayed(self.standby)
+
 
 def _wait_streaming(standby: Server, timeout: float = 120) -> None:
     deadline = time.monotonic() + timeout

@@ -224,3 +224,24 @@ async def test_an_unreachable_standby_sends_lagging_reads_to_the_primary(
         assert _fallbacks("unavailable") == unavailable + 2
     finally:
         await db.dispose()
+
+
+async def test_a_standby_that_goes_down_is_skipped_and_used_again_once_back(
+    pair: StreamingPair, tmp_path: Path
+) -> None:
+    db = Database(_settings(pair, tmp_path, pair.standby.url(DATABASE), max_lag=30.0))
+    try:
+        assert await _served_by_standby(db)  # a pooled connection to it now exists
+        unavailable = _fallbacks("unavailable")
+        await asyncio.to_thread(pair.stop_standby)
+        try:
+            # The pooled connection is dead: its pre-ping fails, the reconnect is refused.
+            assert not await _served_by_standby(db)
+            assert _fallbacks("unavailable") > unavailable
+        finally:
+            await asyncio.to_thread(pair.start_standby)
+        await wait_for(
+            lambda: _served_by_standby(db), timeout=60, interval=0.2, what="standby used again"
+        )
+    finally:
+        await db.dispose()

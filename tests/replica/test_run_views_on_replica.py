@@ -23,7 +23,7 @@ from tests.integration.test_run_views import (
     test_branches_cancelled_by_a_failure_or_a_request_say_which,
     test_rejected_approvals_are_failed_steps,
 )
-from tests.replica.conftest import StreamingPair
+from tests.replica.conftest import StreamingPair, sql
 
 pytestmark = pytest.mark.xdist_group("replica")
 
@@ -39,8 +39,6 @@ def database_url(pair: StreamingPair) -> Iterator[str]:
     """A fresh migrated database on the pair's primary, remote_apply (overrides both dialects)."""
     name = pair.clone(remote_apply=True)
     yield pair.primary.url(name)
-    from tests.replica.conftest import sql
-
     sql(pair.primary.dsn(), f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
 
 
