@@ -20,8 +20,8 @@ docs/adr/0033-lag-tolerant-reads-on-a-replica.md).
 Either way ``treadle_db_replica_fallbacks_total{reason}`` counts each read the primary
 served instead, and one warning is logged when the replica stops being used (one info
 line when it is used again), not one per read. A full replica pool is *not* a reason to
-fall back: that is load, and moving it onto the primary is what the replica is for not
-to do; it answers 503 ``database_busy`` as a full main pool does.
+fall back: that is load, which the replica exists to keep off the primary; it answers
+503 ``database_busy`` as a full main pool does.
 """
 
 from __future__ import annotations
