@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Coroutine
-from typing import Annotated, Any
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Annotated, Any, TypeVar
 
 import structlog
 from fastapi import Depends, Query, Request
@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.auth.authenticator import Authenticator
 from app.auth.principal import Principal, Scope
-from app.core.errors import Forbidden, Unauthenticated
+from app.core.errors import Forbidden, NotFoundError, Unauthenticated
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.queries import runs as runs_q
@@ -138,6 +138,36 @@ async def visible_run(
     """
     tenant_id = read_tenant(principal, tenant)
     return await runs_q.get_run(conn, tenant_id, run_id, owner=principal.owner_filter)
+
+
+T = TypeVar("T")
+
+
+async def lagging_read_or_primary(
+    db: Database, read: Callable[[AsyncConnection], Awaitable[T]]
+) -> T:
+    """``read(conn)`` on :meth:`Database.lagging_read`; never a false 404 for that.
+
+    For the pages under one object (a run's steps, events, logs and report, a schedule's
+    fires, a webhook's deliveries): ``read`` loads the object first (for a run,
+    :func:`visible_run`), then its rows, on one connection, so the answer is one
+    snapshot, perhaps seconds old (docs/adr/0033-lag-tolerant-reads-on-a-replica.md). An
+    object the replica does not have yet (created a moment ago) is read again on the
+    primary: a client never gets 404 for an object that exists, only a page that may
+    trail it by the replica's lag.
+
+    Raises:
+        NotFoundError: the primary does not show the object to the caller either
+            (``RunNotFound``, ``ScheduleNotFound``, ...).
+    """
+    try:
+        async with db.lagging_read() as conn:
+            return await read(conn)
+    except NotFoundError:
+        if not db.has_replica:
+            raise
+    async with db.read() as conn:
+        return await read(conn)
 
 
 TenantQuery = Annotated[

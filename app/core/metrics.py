@@ -118,7 +118,8 @@ RUNS_BLOCKED = Gauge(
 DB_POOL_SIZE = Gauge(
     "treadle_db_pool_size_connections",
     "Connections each database pool of this process may open, by pool (main, read: "
-    "SQLite readers, lease: heartbeats and lease releases).",
+    "SQLite readers, lease: heartbeats and lease releases, replica: reads that may lag on "
+    "TREADLE_READ_DATABASE_URL).",
     ["pool"],
 )
 DB_POOL_IN_USE = Gauge(
@@ -137,4 +138,16 @@ DB_POOL_WAIT = Histogram(
     "Time to get a pooled database connection (queueing, plus connecting a new one), by pool.",
     ["pool"],
     buckets=(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1, 2.5, 5, 10, 30),
+)
+DB_REPLICA_FALLBACKS = Counter(
+    "treadle_db_replica_fallbacks_total",
+    "Reads that may lag served by the primary although TREADLE_READ_DATABASE_URL is set, "
+    "by reason (unavailable: the replica could not be reached; lagging: it was further "
+    "behind than TREADLE_READ_MAX_LAG_SECONDS, or its lag could not be told).",
+    ["reason"],
+)
+DB_REPLICA_LAG = Gauge(
+    "treadle_db_replica_lag_seconds",
+    "Replay lag of the read replica when last measured (0: it had replayed every WAL "
+    "record it received; -1: unknown, WAL pending but no transaction replayed yet).",
 )

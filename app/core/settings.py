@@ -89,6 +89,21 @@ class Settings(BaseSettings):
         "answers 503 database_conflict (Retry-After).",
     )
     sqlite_busy_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    read_database_url: str = Field(
+        default="",
+        description="PostgreSQL streaming replica (hot standby) for reads that may lag: run "
+        "lists, counts, reports, per-run step/event/log pages and the /metrics gauges "
+        "(docs/adr/0033-lag-tolerant-reads-on-a-replica.md). Unset: everything reads the "
+        "primary. A replica that is unreachable, or further behind than "
+        "TREADLE_READ_MAX_LAG_SECONDS, is skipped: those reads go to the primary.",
+    )
+    read_max_lag_seconds: float = Field(
+        default=30.0,
+        gt=0,
+        le=86400,
+        description="How far behind the primary the replica may be (seconds of replay lag, "
+        "measured on the replica at most once a second) before its reads go to the primary.",
+    )
 
     auth_mode: AuthMode = AuthMode.DEV
     dev_secret: str | None = Field(
@@ -447,6 +462,19 @@ class Settings(BaseSettings):
             raise ValueError(
                 "TREADLE_DATABASE_URL is a PostgreSQL database, but its driver (asyncpg) "
                 "is not installed: install treadle[postgres]"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _check_read_database(self) -> Self:
+        # A replica of SQLite does not exist; a SQLite URL here is a mistake, not a choice.
+        if self.read_database_url and not (
+            self.read_database_url.startswith("postgresql")
+            and self.database_url.startswith("postgresql")
+        ):
+            raise ValueError(
+                "TREADLE_READ_DATABASE_URL needs PostgreSQL for both it and "
+                "TREADLE_DATABASE_URL (a streaming replica of the primary)"
             )
         return self
 

@@ -24,6 +24,7 @@ from app.core import metrics
 from app.core.settings import Settings
 from app.db.dialect import now_expr
 from app.db.faults import retry_conflicts
+from app.db.replica import CONNECT_TIMEOUT_SECONDS, ReplicaGate
 
 T = TypeVar("T")
 
@@ -64,9 +65,16 @@ class Database:
     however long its transaction, can starve them of a connection, and a live worker's
     leases are renewed whatever its main pool is doing (docs/deployment.md, pool sizing).
 
+    ``lagging_read()`` is ``read()`` for reads whose answer may trail the primary (lists,
+    counts, reports, gauges: docs/adr/0033-lag-tolerant-reads-on-a-replica.md): with
+    ``TREADLE_READ_DATABASE_URL`` set they run on that streaming replica, in a pool of its
+    own (``TREADLE_DB_POOL_SIZE`` connections, built on first use), unless it is unreachable
+    or too far behind (:class:`app.db.replica.ReplicaGate`); without it they are plain
+    ``read()``. Nothing that decides anything may use it.
+
     Each pool reports its size, connections in use, callers waiting and their wait
-    (``treadle_db_pool_*``, label ``pool`` = ``main``, ``read`` (SQLite readers) or
-    ``lease``).
+    (``treadle_db_pool_*``, label ``pool`` = ``main``, ``read`` (SQLite readers),
+    ``lease`` or ``replica``).
 
     Args:
         settings: URL, pool sizes and timeouts.
@@ -101,9 +109,30 @@ class Database:
         self._pools: dict[str, AsyncEngine] = {"main": self.engine}
         if self.read_engine is not self.engine:
             self._pools["read"] = self.read_engine
+        self._replica: ReplicaGate | None = None
         self._sizes: dict[str, int] = {}
         for name, engine in self._pools.items():
             self._instrument(name, engine)
+
+    @property
+    def has_replica(self) -> bool:
+        """True when ``TREADLE_READ_DATABASE_URL`` gives :meth:`lagging_read` a replica."""
+        return bool(self.settings.read_database_url)
+
+    def _replica_gate(self) -> ReplicaGate:
+        """The replica pool's gate, its engine built on first use (workers never need it)."""
+        if self._replica is None:
+            # The settings refuse a replica unless both URLs are PostgreSQL.
+            engine = self._pg_engine(
+                self.settings.db_pool_size,
+                pre_ping=True,  # a standby restarted behind our back: fall back, not fail
+                url=self.settings.read_database_url,
+                connect_timeout=CONNECT_TIMEOUT_SECONDS,
+            )
+            self._pools["replica"] = engine
+            self._instrument("replica", engine)
+            self._replica = ReplicaGate(engine, self.settings.read_max_lag_seconds)
+        return self._replica
 
     def _lease_engine(self) -> AsyncEngine:
         """The lease pool's engine, built on first use (API processes never need one)."""
@@ -124,10 +153,20 @@ class Database:
         self._instrument("lease", engine)
         return engine
 
-    def _pg_engine(self, pool_size: int, *, pre_ping: bool) -> AsyncEngine:
+    def _pg_engine(
+        self,
+        pool_size: int,
+        *,
+        pre_ping: bool,
+        url: str | None = None,
+        connect_timeout: float | None = None,
+    ) -> AsyncEngine:
         timeout_ms = int(self.settings.db_statement_timeout_seconds * 1000)
+        connect_args: dict[str, Any] = {"server_settings": {"statement_timeout": str(timeout_ms)}}
+        if connect_timeout is not None:
+            connect_args["timeout"] = connect_timeout  # asyncpg.connect's, in seconds
         return create_async_engine(
-            self.url,
+            self.url if url is None else url,
             pool_size=pool_size,
             max_overflow=0,
             pool_timeout=self.settings.db_pool_timeout_seconds,
@@ -141,7 +180,7 @@ class Database:
             # server cancels the statement and frees its locks, the connection stays
             # usable, and the error (SQLSTATE 57014) cannot be mistaken for the
             # TimeoutError of a step's own timeout.
-            connect_args={"server_settings": {"statement_timeout": str(timeout_ms)}},
+            connect_args=connect_args,
         )
 
     def _instrument(self, name: str, engine: AsyncEngine) -> None:
@@ -311,6 +350,42 @@ class Database:
         pool = "read" if "read" in self._pools else "main"
         async with self._connect(pool) as conn, conn.begin():
             yield conn
+
+    @contextlib.asynccontextmanager
+    async def lagging_read(self) -> AsyncIterator[AsyncConnection]:
+        """:meth:`read` for a read whose answer may trail the primary's latest commits.
+
+        On the replica of ``TREADLE_READ_DATABASE_URL`` when one is set, reachable and no
+        further behind than ``TREADLE_READ_MAX_LAG_SECONDS``; on the primary otherwise
+        (counted in ``treadle_db_replica_fallbacks_total``). Only for reads that decide
+        nothing and lead to no write: lists, counts, reports, gauges
+        (docs/adr/0033-lag-tolerant-reads-on-a-replica.md). A caller's own write of a
+        moment ago may be missing from it.
+
+        Raises:
+            sqlalchemy.exc.TimeoutError: the replica pool stayed full (503 in the API).
+        """
+        conn = await self._replica_checkout(self._replica_gate()) if self.has_replica else None
+        if conn is None:
+            async with self.read() as primary:
+                yield primary
+            return
+        try:
+            async with conn.begin():
+                yield conn
+        finally:
+            await conn.close()
+
+    async def _replica_checkout(self, gate: ReplicaGate) -> AsyncConnection | None:
+        # The replica pool's wait is timed as every pool's is (treadle_db_pool_wait_seconds).
+        waiting, wait = _pool_metrics("replica")
+        waiting.inc()
+        started = time.perf_counter()
+        try:
+            return await gate.connect()
+        finally:
+            waiting.dec()
+            wait.observe(time.perf_counter() - started)
 
     async def now(self) -> datetime:
         """Return the database clock as an aware UTC datetime."""

@@ -226,8 +226,11 @@ async def list_batches(
     limit: int,
     owner: str | None = None,
 ) -> Sequence[RowMapping]:
-    """A tenant's batches (with ``owner``, that subject's), newest first."""
-    async with db.read() as conn:
+    """A tenant's batches (with ``owner``, that subject's), newest first.
+
+    May lag (:meth:`Database.lagging_read`): a list, read for looking at only.
+    """
+    async with db.lagging_read() as conn:
         return await batches_q.list_batches(
             conn, tenant_id, before=before, limit=limit, owner=owner
         )

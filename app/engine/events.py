@@ -114,8 +114,11 @@ async def list_events(
     limit: int,
     owner: str | None = None,
 ) -> list[EventRecord]:
-    """The tenant's posted events newest first (keyset on the event id; ``owner`` as above)."""
-    async with db.read() as conn:
+    """The tenant's posted events newest first (keyset on the event id; ``owner`` as above).
+
+    May lag (:meth:`Database.lagging_read`): a list, read for looking at only.
+    """
+    async with db.lagging_read() as conn:
         rows = await q.list_events(
             conn, tenant_id, name=name, before_event_id=before_event_id, limit=limit
         )

@@ -68,7 +68,9 @@ async def list_dead_letters(
         except ValueError:
             raise BadRequest("page_token is malformed") from None
     stmt = stmt.order_by(dead_letters.c.dead_letter_id.desc()).limit(limit + 1)
-    async with db.read() as conn:
+    # May lag (docs/adr/0033-lag-tolerant-reads-on-a-replica.md); a requeue decides on
+    # the primary, whatever this page showed.
+    async with db.lagging_read() as conn:
         rows = (await conn.execute(stmt)).mappings().all()
     token = None
     if len(rows) > limit:

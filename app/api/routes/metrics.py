@@ -28,7 +28,9 @@ async def _refresh_gauges(request: Request, db: DB) -> None:
     if time.monotonic() - getattr(state, "gauges_at", -1e9) < REFRESH_SECONDS:
         return
     state.gauges_at = time.monotonic()
-    async with db.read() as conn:
+    # May lag (docs/adr/0033-lag-tolerant-reads-on-a-replica.md): counts refreshed every
+    # few seconds anyway, and the scrape must not load the primary that runs the work.
+    async with db.lagging_read() as conn:
         counts = await runs_q.count_by_status(conn)
         pending = (
             await conn.execute(

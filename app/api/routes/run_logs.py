@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Annotated
 
 from fastapi import APIRouter, Query
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
 
-from app.api.deps import DB, RunsRead, TenantQuery, visible_run
+from app.api.deps import DB, RunsRead, TenantQuery, lagging_read_or_primary, visible_run
 from app.api.log_schemas import LogPage
 from app.api.pagination import INT32_MAX, encode_token, int_position
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
@@ -56,7 +59,8 @@ async def list_run_logs(
     filters = {"level": level.value if level else None, "step": step}
     # seq is an INTEGER column: a larger position would fail in the driver.
     after = int_position(page_token, principal.tenant_id, scope, filters, maximum=INT32_MAX)
-    async with db.read() as conn:
+
+    async def read(conn: AsyncConnection) -> tuple[RowMapping, Sequence[RowMapping]]:
         run = await visible_run(conn, principal, rid, tenant)
         rows = await run_logs_q.list_lines(
             conn,
@@ -67,6 +71,9 @@ async def list_run_logs(
             level=level,
             step_id=step,
         )
+        return run, rows
+
+    run, rows = await lagging_read_or_primary(db, read)
     token = None
     if len(rows) > limit:
         token = encode_token(principal.tenant_id, scope, filters, int(rows[limit - 1]["seq"]))

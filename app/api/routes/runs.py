@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
+from collections.abc import Sequence
 from datetime import UTC, datetime
 from typing import Annotated, Any, Literal
 
@@ -22,6 +23,7 @@ from app.api.deps import (
     SettingsDep,
     SubmitterDep,
     TenantQuery,
+    lagging_read_or_primary,
     read_tenant,
     visible_run,
     wake_workers,
@@ -380,7 +382,9 @@ async def list_runs(
             before = uuid.UUID(str(position))
         except ValueError:
             raise BadRequest("page_token is malformed") from None
-    async with db.read() as conn:
+    # May lag (docs/adr/0033-lag-tolerant-reads-on-a-replica.md): a run submitted a
+    # moment ago can be missing from a page served by the replica.
+    async with db.lagging_read() as conn:
         rows = await filters_q.list_runs(
             conn,
             tenant_id,
@@ -417,7 +421,7 @@ async def count_runs(
     """
     tenant_id = read_tenant(principal, tenant)
     filters, _ = _filters(request, q, counts=True)
-    async with db.read() as conn:
+    async with db.lagging_read() as conn:
         found = await filters_q.count_listed_by_status(
             conn, tenant_id, filters, owner=principal.owner_filter
         )
@@ -530,7 +534,8 @@ async def list_run_steps(
     }
     # seq is an INTEGER column: a larger position would fail in the driver.
     after = int_position(page_token, principal.tenant_id, scope, filters, maximum=INT32_MAX)
-    async with db.read() as conn:
+
+    async def read(conn: AsyncConnection) -> tuple[RowMapping, Sequence[RowMapping]]:
         run = await visible_run(conn, principal, rid, tenant)
         rows = await steps_q.list_steps(
             conn,
@@ -541,6 +546,9 @@ async def list_run_steps(
             status=status,
             reason=reason,
         )
+        return run, rows
+
+    run, rows = await lagging_read_or_primary(db, read)
     token = None
     if len(rows) > limit:
         token = encode_token(principal.tenant_id, scope, filters, int(rows[limit - 1]["seq"]))
@@ -615,11 +623,15 @@ async def list_run_events(
         raise BadRequest("after and Last-Event-ID need follow=true (pages use page_token)")
     scope = f"events:{rid}"
     after_id = int_position(page_token, principal.tenant_id, scope)
-    async with db.read() as conn:
+
+    async def read(conn: AsyncConnection) -> tuple[RowMapping, Sequence[RowMapping]]:
         run = await visible_run(conn, principal, rid, tenant)
         rows = await events_q.list_events(
             conn, run["tenant_id"], rid, after_id=after_id, limit=limit + 1
         )
+        return run, rows
+
+    run, rows = await lagging_read_or_primary(db, read)
     token = None
     if len(rows) > limit:
         token = encode_token(principal.tenant_id, scope, {}, int(rows[limit - 1]["event_id"]))
@@ -660,7 +672,8 @@ async def _report(
     logs_limit: int = 50,
 ) -> schemas.RunReport:
     rid = parse_run_id(run_id)
-    async with db.read() as conn:
+
+    async def read(conn: AsyncConnection) -> schemas.RunReport:
         row = await visible_run(conn, principal, rid, tenant)
         # Every section reads the run's own tenant: on an admin's ``?tenant=`` read that
         # is not the caller's, and the caller's would find no rows.
@@ -676,19 +689,23 @@ async def _report(
         log_rows, logs_total = await run_logs_q.last_lines(
             conn, owner_tenant, rid, limit=logs_limit
         )
-        now = await fetch_now(conn, db.dialect)
-    redacted = is_redacted(row)
-    withheld = withheld_outputs(row)
-    return schemas.RunReport(
-        generated_at=now,
-        run=run_view(row, counts, blocked, state),
-        steps=[step_view(s, redacted, withheld) for s in step_rows],
-        events=[event_view(e, redacted) for e in event_rows[:events_limit]],
-        events_truncated=len(event_rows) > events_limit,
-        dead_letters=[dead_letter_view(d) for d in dl_rows],
-        logs=[log_view(x, redacted) for x in log_rows],
-        logs_total=logs_total,
-    )
+        redacted = is_redacted(row)
+        withheld = withheld_outputs(row)
+        return schemas.RunReport(
+            # The clock of the server that answered: the snapshot is as of then.
+            generated_at=await fetch_now(conn, db.dialect),
+            run=run_view(row, counts, blocked, state),
+            steps=[step_view(s, redacted, withheld) for s in step_rows],
+            events=[event_view(e, redacted) for e in event_rows[:events_limit]],
+            events_truncated=len(event_rows) > events_limit,
+            dead_letters=[dead_letter_view(d) for d in dl_rows],
+            logs=[log_view(x, redacted) for x in log_rows],
+            logs_total=logs_total,
+        )
+
+    # One snapshot, perhaps seconds old, from the replica when one is set (never a false
+    # 404: a run the replica does not have yet is read on the primary).
+    return await lagging_read_or_primary(db, read)
 
 
 EventsLimit = Annotated[

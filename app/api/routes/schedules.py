@@ -13,7 +13,14 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api import schedule_schemas as ss
 from app.api import schemas
-from app.api.deps import DB, RunsRead, RunsWrite, SubmitterDep, wake_workers
+from app.api.deps import (
+    DB,
+    RunsRead,
+    RunsWrite,
+    SubmitterDep,
+    lagging_read_or_primary,
+    wake_workers,
+)
 from app.api.links import SCHEDULE_LINKS
 from app.api.pagination import decode_token, encode_token
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
@@ -174,7 +181,7 @@ async def list_schedules(
             before = uuid.UUID(str(position))
         except ValueError:
             raise BadRequest("page_token is malformed") from None
-    async with db.read() as conn:
+    async with db.lagging_read() as conn:  # may lag (docs/adr/0033-…)
         rows = await sched_q.list_schedules(
             conn,
             principal.tenant_id,
@@ -378,9 +385,12 @@ async def list_schedule_fires(
             raise BadRequest("page_token is malformed") from None
         if before.tzinfo is None:
             raise BadRequest("page_token is malformed")
-    async with db.read() as conn:
+
+    async def read(conn: AsyncConnection) -> Sequence[RowMapping]:
         await sched_q.get_schedule(conn, principal.tenant_id, sid, owner=principal.owner_filter)
-        rows = await sched_q.list_fires(conn, sid, before_tick=before, limit=limit + 1)
+        return await sched_q.list_fires(conn, sid, before_tick=before, limit=limit + 1)
+
+    rows = await lagging_read_or_primary(db, read)
     token = None
     if len(rows) > limit:
         token = encode_token(principal.tenant_id, scope, {}, rows[limit - 1]["tick"].isoformat())

@@ -15,7 +15,7 @@ from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.api import webhook_schemas as ws
-from app.api.deps import DB, SettingsDep, WebhooksManage
+from app.api.deps import DB, SettingsDep, WebhooksManage, lagging_read_or_primary
 from app.api.links import WEBHOOK_OPERATIONS, links_to
 from app.api.pagination import decode_token, encode_token
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
@@ -86,7 +86,7 @@ async def create_webhook(
 @router.get("", operation_id="list_webhooks", response_model=ws.WebhookList, responses=_PROBLEMS)
 async def list_webhooks(principal: WebhooksManage, db: DB) -> ws.WebhookList:
     """The tenant's endpoints, oldest first (secrets are never listed)."""
-    async with db.read() as conn:
+    async with db.lagging_read() as conn:  # may lag (docs/adr/0033-…)
         rows = await webhooks_q.list_endpoints(conn, principal.tenant_id)
     return ws.WebhookList(items=[webhook_view(r) for r in rows])
 
@@ -148,11 +148,14 @@ async def list_webhook_deliveries(
             before = (datetime.fromisoformat(str(at)), uuid.UUID(str(last)))
         except (ValueError, TypeError):
             raise BadRequest("page_token is malformed") from None
-    async with db.read() as conn:
+
+    async def read(
+        conn: AsyncConnection,
+    ) -> tuple[list[RowMapping], dict[uuid.UUID, list[RowMapping]]]:
         await webhooks_q.get_endpoint(conn, principal.tenant_id, endpoint_id)
-        rows, attempts = await webhooks_q.list_deliveries(
-            conn, endpoint_id, before=before, limit=limit + 1
-        )
+        return await webhooks_q.list_deliveries(conn, endpoint_id, before=before, limit=limit + 1)
+
+    rows, attempts = await lagging_read_or_primary(db, read)
     items = [
         ws.WebhookDelivery(
             delivery_id=r["delivery_id"],

@@ -33,7 +33,9 @@ async def list_workflows(
     worker while no live worker registered the version, and ``queued_for_slot`` those
     waiting for a slot of their concurrency key (``queue_controls.on_limit`` = queue).
     """
-    async with db.read() as conn:
+    # May lag (docs/adr/0033-lag-tolerant-reads-on-a-replica.md): a worker that registered
+    # a moment ago can be missing; submits check the registry on the primary.
+    async with db.lagging_read() as conn:
         rows = await defs_q.list_definitions(conn)
         workers = await defs_q.live_workers(conn, within_seconds=2 * settings.lease_ttl_seconds)
         open_runs = await runs_q.count_open_by_version(conn, tenant_id=principal.tenant_id)
