@@ -19,6 +19,7 @@ dev: install
 test: install
 	scripts/ensure-postgres
 	scripts/install-chromium
+	scripts/install-pgbouncer
 	$(MAKE) --no-print-directory lint
 	uv run pytest -n $(PYTEST_WORKERS) --dist loadgroup
 

@@ -4,6 +4,10 @@ PostgreSQL: one template database is migrated per session; each test gets
 ``CREATE DATABASE … TEMPLATE`` of it, made ahead while the previous test runs
 (:class:`PgClones`). SQLite: a migrated template file is copied per test.
 The PostgreSQL server is ``TREADLE_TEST_PG`` (default ``postgres@127.0.0.1:5432``).
+
+``pgbouncer``: the same PostgreSQL clone reached through a PgBouncer of the session's own
+in transaction pooling mode (:class:`PgBouncer`); tests opt in with
+:data:`WITH_PGBOUNCER` (docs/deployment.md, "Behind PgBouncer").
 """
 
 from __future__ import annotations
@@ -13,23 +17,42 @@ import contextlib
 import logging
 import os
 import shutil
+import socket
+import subprocess
+import tempfile
+import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
 from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import pytest
 import structlog
+from sqlalchemy.engine import make_url
 
 from app.core.logging import STEP_LOGGER
-from app.core.settings import AuthMode, Settings
+from app.core.settings import AuthMode, DbPooler, Settings
 from app.db.database import Database
 from app.db.migrations import upgrade_to_head
 
 PG_SERVER = os.environ.get("TREADLE_TEST_PG", "postgres@127.0.0.1:5432")
 DEV_SECRET = "test-secret-" + "x" * 40
+PGBOUNCER = os.environ.get("TREADLE_TEST_PGBOUNCER", "/usr/sbin/pgbouncer")
+
+PGBOUNCER_POOL_SIZE = 2
+"""Server connections PgBouncer opens per database: fewer than any process's pool, so
+client connections really take turns on them."""
+
+WITH_PGBOUNCER = pytest.mark.parametrize(
+    "database_url", ["sqlite", "postgresql", "pgbouncer"], indirect=True
+)
+"""Mark a test to run through PgBouncer too, beside its SQLite and PostgreSQL runs."""
+
+POOLED: dict[str, str] = {}
+"""URL through PgBouncer -> direct URL of the same database, for the tests' databases."""
 
 
 @pytest.fixture(autouse=True)
@@ -160,20 +183,146 @@ def make_pg_database(pg_clones: PgClones) -> Iterator[Callable[[], str]]:
         pg_clones.drop(name)
 
 
+class PgBouncer:
+    """A PgBouncer process of this session: transaction pooling in front of ``PG_SERVER``.
+
+    Its own ini and userlist in a temporary directory, a free port, ``pool_mode =
+    transaction`` and :data:`PGBOUNCER_POOL_SIZE` server connections per database; any
+    database name is passed through to the server's database of that name (``*`` in
+    ``[databases]``). Trust authentication, like the test server. Run in the foreground
+    so the fixture owns the process; PgBouncer refuses to run as root, so as root it
+    switches to the ``postgres`` user (``-u``).
+    """
+
+    def __init__(self) -> None:
+        server = urlsplit(f"//{PG_SERVER}")
+        self.user = server.username or "postgres"
+        self.dir = Path(tempfile.mkdtemp(prefix="treadle-pgbouncer-"))
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        (self.dir / "userlist.txt").write_text(f'"{self.user}" ""\n')
+        (self.dir / "pgbouncer.ini").write_text(
+            "[databases]\n"
+            f"* = host={server.hostname or '127.0.0.1'} port={server.port or 5432}\n"
+            "[pgbouncer]\n"
+            "listen_addr = 127.0.0.1\n"
+            f"listen_port = {self.port}\n"
+            "unix_socket_dir =\n"
+            "auth_type = trust\n"
+            f"auth_file = {self.dir / 'userlist.txt'}\n"
+            "pool_mode = transaction\n"
+            f"default_pool_size = {PGBOUNCER_POOL_SIZE}\n"
+            "max_client_conn = 500\n"
+            f"admin_users = {self.user}\n"
+            # A client queued for a server connection fails after this instead of
+            # hanging the test until its timeout.
+            "query_wait_timeout = 60\n"
+        )
+        self.log = self.dir / "pgbouncer.log"
+        as_user = ["-u", "postgres"] if os.geteuid() == 0 else []
+        if as_user:
+            shutil.chown(self.dir, "postgres")
+        with self.log.open("wb") as out:
+            self.process = subprocess.Popen(
+                [PGBOUNCER, *as_user, str(self.dir / "pgbouncer.ini")],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+            )
+        deadline = time.monotonic() + 30
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"pgbouncer exited: {self.log.read_text()[-2000:]}")
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", self.port)) == 0:
+                    break
+            if time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"pgbouncer not listening: {self.log.read_text()[-2000:]}")
+            time.sleep(0.02)
+
+    def url(self, database: str, driver: str = "postgresql+asyncpg") -> str:
+        """SQLAlchemy URL of ``database`` through this PgBouncer."""
+        return f"{driver}://{self.user}@127.0.0.1:{self.port}/{database}"
+
+    def admin(self, command: str) -> list[dict[str, str]]:
+        """Rows of an admin console command (``SHOW POOLS``, ``SHOW STATS``) as dicts.
+
+        Through ``psql``: the console speaks the simple query protocol only, and asyncpg
+        prepares every query that returns rows.
+        """
+        done = subprocess.run(
+            [
+                *("psql", "-X", "-A", "-F", "\t", "-P", "footer=off", "-c", command),
+                *("-h", "127.0.0.1", "-p", str(self.port), "-U", self.user, "-d", "pgbouncer"),
+            ],
+            capture_output=True,
+            text=True,
+            timeout=30,
+            check=True,
+        )
+        header, *lines = done.stdout.splitlines()
+        names = header.split("\t")
+        return [dict(zip(names, line.split("\t"), strict=True)) for line in lines]
+
+    def stop(self) -> None:
+        """Stop the process (SIGTERM, then SIGKILL) and remove its directory."""
+        if self.process.poll() is None:
+            self.process.terminate()
+            try:
+                self.process.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def pgbouncer() -> Iterator[PgBouncer]:
+    """The session's :class:`PgBouncer`, stopped when the session ends."""
+    bouncer = PgBouncer()
+    try:
+        yield bouncer
+    finally:
+        bouncer.stop()
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def database_url(request: pytest.FixtureRequest, tmp_path: Path, sqlite_template: Path) -> str:
-    """A fresh migrated database URL, once per dialect."""
+    """A fresh migrated database URL, once per dialect (and through PgBouncer if asked)."""
     if request.param == "sqlite":
         path = tmp_path / "treadle.db"
         shutil.copy(sqlite_template, path)
         return f"sqlite+aiosqlite:///{path}"
     make: Callable[[], str] = request.getfixturevalue("make_pg_database")
-    return make()
+    direct = make()
+    if request.param != "pgbouncer":
+        return direct
+    bouncer: PgBouncer = request.getfixturevalue("pgbouncer")
+    name = make_url(direct).database or ""
+    # As docs/deployment.md ("Behind PgBouncer") says to: the server applies the
+    # statement timeout (make_settings' default, 30 s), not a startup parameter.
+    asyncio.run(_pg_admin(f'ALTER DATABASE "{name}" SET statement_timeout = 30000'))
+    pooled = bouncer.url(name)
+    POOLED[pooled] = direct
+    return pooled
+
+
+def pooler_settings(database_url: str) -> dict[str, Any]:
+    """Settings for ``database_url`` when it goes through the test PgBouncer, else none.
+
+    ``db_pooler=transaction`` and LISTEN over the direct URL of the same database.
+    """
+    direct = POOLED.get(database_url)
+    if direct is None:
+        return {}
+    return {"db_pooler": DbPooler.TRANSACTION, "listen_database_url": direct}
 
 
 def make_settings(database_url: str, tmp_path: Path, **overrides: Any) -> Settings:
     """Test settings: short leases and polls so crash recovery takes seconds."""
     values: dict[str, Any] = {
+        **pooler_settings(database_url),
         "database_url": database_url,
         # Explicit: dev auth on PostgreSQL is refused unless chosen by name.
         "auth_mode": AuthMode.DEV,

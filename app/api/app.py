@@ -44,6 +44,7 @@ from app.core import tracing
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.migrations import check_schema
+from app.db.pooler import statement_timeout_mismatch
 from app.engine.api_keys import ApiKeyService
 from app.engine.submit import Submitter
 from app.engine.tenants import TenantService
@@ -199,6 +200,9 @@ def create_app(
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
         if check_schema_on_start:
             await check_schema(database)
+            mismatch = await statement_timeout_mismatch(database)
+            if mismatch is not None:
+                structlog.get_logger("treadle.api").warning(mismatch)
         app.state.authenticator.start()
         try:
             yield

@@ -48,6 +48,21 @@ class TracebackMode(StrEnum):
     FULL = "full"
 
 
+class DbPooler(StrEnum):
+    """What stands between Treadle and PostgreSQL (docs/deployment.md, "Behind PgBouncer").
+
+    ``none``: direct connections (or a session-mode pooler): prepared statements are
+    cached per connection and ``statement_timeout`` is a startup parameter.
+    ``transaction``: a transaction-mode pooler such as PgBouncer, which hands a server
+    connection to a client for one transaction only: no prepared statement outlives its
+    statement, no startup parameters beyond PgBouncer's own, and LISTEN goes over
+    ``TREADLE_LISTEN_DATABASE_URL`` (docs/adr/0032-transaction-pooler.md).
+    """
+
+    NONE = "none"
+    TRANSACTION = "transaction"
+
+
 class Settings(BaseSettings):
     """All tunables of an API or worker process.
 
@@ -103,6 +118,21 @@ class Settings(BaseSettings):
         le=86400,
         description="How far behind the primary the replica may be (seconds of replay lag, "
         "measured on the replica at most once a second) before its reads go to the primary.",
+    )
+    db_pooler: DbPooler = Field(
+        default=DbPooler.NONE,
+        description="`transaction` when TREADLE_DATABASE_URL is a transaction-mode pooler "
+        "(PgBouncer pool_mode=transaction): statements are not kept prepared, "
+        "statement_timeout is not sent at connect (set it on the role: docs/deployment.md), "
+        "and workers LISTEN over TREADLE_LISTEN_DATABASE_URL. Costs a round trip per "
+        "statement, so leave it `none` on direct connections.",
+    )
+    listen_database_url: str = Field(
+        default="",
+        description="A direct PostgreSQL connection (postgresql+asyncpg://…) for each "
+        "worker's LISTEN, which needs a session of its own; default: TREADLE_DATABASE_URL, "
+        "or, with TREADLE_DB_POOLER=transaction, none (workers then only poll, every "
+        "TREADLE_POLL_INTERVAL_SECONDS).",
     )
 
     auth_mode: AuthMode = AuthMode.DEV
@@ -479,6 +509,15 @@ class Settings(BaseSettings):
         return self
 
     @model_validator(mode="after")
+    def _check_pooler(self) -> Self:
+        # A pooler setting on SQLite is a mistake worth naming, not a no-op to ignore.
+        if self.db_pooler != DbPooler.NONE and not self.database_url.startswith("postgresql"):
+            raise ValueError("TREADLE_DB_POOLER is for PostgreSQL: TREADLE_DATABASE_URL is not")
+        if self.listen_database_url and not self.listen_database_url.startswith("postgresql"):
+            raise ValueError("TREADLE_LISTEN_DATABASE_URL must be a postgresql+asyncpg:// URL")
+        return self
+
+    @model_validator(mode="after")
     def _check_jwt(self) -> Self:
         if self.oidc_issuer and not self.jwt_issuer:
             # The issuer's tokens carry its URL as `iss` (OIDC Discovery 1.0, section 4.3).
@@ -553,6 +592,21 @@ class Settings(BaseSettings):
     def is_sqlite(self) -> bool:
         """True when the database URL names SQLite (the embedded default)."""
         return self.database_url.startswith("sqlite")
+
+    @property
+    def listen_url(self) -> str | None:
+        """The URL workers LISTEN on, or None when they only poll.
+
+        ``TREADLE_LISTEN_DATABASE_URL`` when set; else the main URL, unless that is a
+        transaction pooler, where a LISTEN would hold one server connection's session
+        that the pooler hands to other clients after the statement (so notifications
+        reach nobody), or SQLite, which has no LISTEN.
+        """
+        if self.listen_database_url:
+            return self.listen_database_url
+        if self.is_sqlite or self.db_pooler == DbPooler.TRANSACTION:
+            return None
+        return self.database_url
 
     @property
     def auth_mode_explicit(self) -> bool:

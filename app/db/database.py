@@ -21,7 +21,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_en
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from app.core import metrics
-from app.core.settings import Settings
+from app.core.settings import DbPooler, Settings
 from app.db.dialect import now_expr
 from app.db.faults import retry_conflicts
 from app.db.replica import CONNECT_TIMEOUT_SECONDS, ReplicaGate
@@ -46,6 +46,46 @@ def _pool_metrics(pool: str) -> tuple[Any, Any]:
     return metrics.DB_POOL_WAITING.labels(pool), metrics.DB_POOL_WAIT.labels(pool)
 
 
+def _unnamed_statement() -> str:
+    # asyncpg's name for the unnamed prepared statement, which the next Parse replaces.
+    return ""
+
+
+def pg_connect_args(settings: Settings) -> dict[str, Any]:
+    """``connect_args`` of a PostgreSQL engine (asyncpg through SQLAlchemy's adapter).
+
+    Direct connections (``TREADLE_DB_POOLER=none``): asyncpg's and SQLAlchemy's
+    prepared statement caches stay on, and every connection carries ``statement_timeout``
+    = ``TREADLE_DB_STATEMENT_TIMEOUT_SECONDS`` as a startup parameter.
+
+    ``TREADLE_DB_POOLER=transaction`` (PgBouncer ``pool_mode=transaction``): both caches
+    off and every statement the unnamed one, which asyncpg then Parses again in the same
+    message as its Bind and Execute. A transaction pooler may hand each round trip
+    outside a transaction to a different server connection, so a named statement
+    prepared in one (asyncpg's ``__asyncpg_stmt_N__``, or the uuid names of SQLAlchemy's
+    recipe) is missing in the next: measured with PgBouncer 1.18, 80 of 200 concurrent
+    autocommit statements failed with the uuid recipe and none with this
+    (docs/adr/0032-transaction-pooler.md). No ``statement_timeout`` startup parameter:
+    PgBouncer refuses the connection ("unsupported startup parameter"); the role carries
+    it instead (docs/deployment.md, "Behind PgBouncer").
+
+    Returns:
+        Keyword arguments for ``create_async_engine(connect_args=...)``.
+    """
+    if settings.db_pooler == DbPooler.TRANSACTION:
+        return {
+            "statement_cache_size": 0,  # asyncpg's own cache
+            "prepared_statement_cache_size": 0,  # SQLAlchemy adapter's cache
+            "prepared_statement_name_func": _unnamed_statement,
+        }
+    timeout_ms = int(settings.db_statement_timeout_seconds * 1000)
+    # The server's statement_timeout rather than asyncpg's command_timeout: the server
+    # cancels the statement and frees its locks, the connection stays usable, and the
+    # error (SQLSTATE 57014) cannot be mistaken for the TimeoutError of a step's own
+    # timeout.
+    return {"server_settings": {"statement_timeout": str(timeout_ms)}}
+
+
 class Database:
     """Async engines plus the dialect name.
 
@@ -58,7 +98,8 @@ class Database:
     Pools are bounded (``TREADLE_DB_POOL_SIZE``, no overflow): a caller that finds every
     connection checked out queues for one, up to ``TREADLE_DB_POOL_TIMEOUT_SECONDS``, then
     gets ``sqlalchemy.exc.TimeoutError`` (the API's 503 ``database_busy``). On PostgreSQL
-    every connection carries ``statement_timeout`` = ``TREADLE_DB_STATEMENT_TIMEOUT_SECONDS``.
+    every connection carries ``statement_timeout`` = ``TREADLE_DB_STATEMENT_TIMEOUT_SECONDS``
+    (behind a transaction pooler, the role does: :func:`pg_connect_args`).
 
     ``lease_write()`` uses a pool of its own, one connection (:data:`LEASE_POOL_SIZE`)
     opened on first use, for a worker's heartbeats and lease releases only: no step,
@@ -161,8 +202,7 @@ class Database:
         url: str | None = None,
         connect_timeout: float | None = None,
     ) -> AsyncEngine:
-        timeout_ms = int(self.settings.db_statement_timeout_seconds * 1000)
-        connect_args: dict[str, Any] = {"server_settings": {"statement_timeout": str(timeout_ms)}}
+        connect_args = pg_connect_args(self.settings)
         if connect_timeout is not None:
             connect_args["timeout"] = connect_timeout  # asyncpg.connect's, in seconds
         return create_async_engine(
@@ -176,10 +216,6 @@ class Database:
             # server, SQLAlchemy then drops every older pooled connection, and workers
             # already give the run back after such a fault and retry claims.
             pool_pre_ping=pre_ping,
-            # The server's statement_timeout rather than asyncpg's command_timeout: the
-            # server cancels the statement and frees its locks, the connection stays
-            # usable, and the error (SQLSTATE 57014) cannot be mistaken for the
-            # TimeoutError of a step's own timeout.
             connect_args=connect_args,
         )
 

@@ -32,6 +32,7 @@ from app.core.status import EventKind, RunReason, RunStatus
 from app.db.database import Database
 from app.db.faults import classify
 from app.db.migrations import check_schema
+from app.db.pooler import statement_timeout_mismatch
 from app.db.queries import checkpoints as checkpoints_q
 from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
@@ -171,8 +172,16 @@ class Worker:
             asyncio.create_task(self.batches.run(self._stopping)),
             asyncio.create_task(self.webhooks.run(self._stopping)),
         ]
-        if self.db.dialect == "postgresql":
-            helpers.append(asyncio.create_task(self._listen_loop()))
+        listen = self.settings.listen_url
+        if listen is not None:
+            helpers.append(asyncio.create_task(self._listen_loop(listen)))
+        elif self.db.dialect == "postgresql":
+            # Behind a transaction pooler with no direct URL for LISTEN (docs/deployment.md).
+            self.log.info(
+                "not listening for wake-ups: TREADLE_DB_POOLER=transaction and no "
+                "TREADLE_LISTEN_DATABASE_URL; polling",
+                poll_interval_seconds=self.settings.poll_interval_seconds,
+            )
         if self.settings.scheduler_enabled:
             helpers.append(asyncio.create_task(self.scheduler.run()))
         try:
@@ -591,13 +600,15 @@ class Worker:
         active.lost = True
         active.task.cancel()
 
-    async def _listen_loop(self) -> None:
-        """LISTEN for submissions on PostgreSQL; polling covers any gap."""
+    async def _listen_loop(self, url: str) -> None:
+        """LISTEN for submissions on PostgreSQL over ``url``; polling covers any gap.
+
+        Its own connection, outside the pools: a LISTEN belongs to a session, so ``url``
+        is a direct connection, never a transaction pooler (``Settings.listen_url``).
+        """
         import asyncpg
 
-        dsn = (
-            make_url(self.db.url).set(drivername="postgresql").render_as_string(hide_password=False)
-        )
+        dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
         while True:
             conn: Any = None
             try:
@@ -658,6 +669,9 @@ async def run_worker(
     db = Database(settings, pre_ping=False)
     try:
         await check_schema(db)
+        mismatch = await statement_timeout_mismatch(db)
+        if mismatch is not None:
+            log.warning(mismatch)
         worker = Worker(settings, db, registry, concurrency=concurrency)
         if metrics_port is not None:
             # prometheus_client's own server thread: /metrics of this worker process.

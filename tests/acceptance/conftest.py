@@ -19,7 +19,7 @@ import pytest
 
 from app.auth.dev import DevTokens
 from app.auth.principal import ALL_SCOPES
-from tests.conftest import DEV_SECRET
+from tests.conftest import DEV_SECRET, pooler_settings
 from tests.helpers import TLS, wait_for_sync, wait_until_serving
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -184,6 +184,7 @@ def stack_env(database_url: str, tmp_path: Path) -> dict[str, str]:
             "PYTHONPATH": str(ROOT),
         }
     )
+    env.update({f"TREADLE_{k.upper()}": str(v) for k, v in pooler_settings(database_url).items()})
     (tmp_path / "shared").mkdir()
     return env
 

@@ -9,7 +9,7 @@ from typing import Any
 from app.auth.dev import DevTokens
 from app.auth.principal import ALL_SCOPES, Scope
 from tests.acceptance.conftest import Stack, token
-from tests.conftest import DEV_SECRET
+from tests.conftest import DEV_SECRET, WITH_PGBOUNCER
 from tests.helpers import wait_for_sync
 
 
@@ -29,6 +29,7 @@ def _status(stack: Stack, run_id: str, *wanted: str) -> dict[str, Any]:
         return wait_for_sync(probe, timeout=60, what=f"run in {wanted}")
 
 
+@WITH_PGBOUNCER
 def test_approval_and_signal_survive_a_killed_worker(stack: Stack) -> None:
     worker = stack.start_worker()
     name = f"cust-{uuid.uuid4().hex[:6]}"

@@ -10,6 +10,7 @@ from datetime import datetime
 from typing import Any
 
 from tests.acceptance.conftest import Stack
+from tests.conftest import WITH_PGBOUNCER
 from tests.helpers import wait_for_sync
 
 # Every timer above 0 s releases the run (no in-process sleeping), so the wake-up path
@@ -17,6 +18,7 @@ from tests.helpers import wait_for_sync
 RELEASE_ALL = {"TREADLE_INLINE_RETRY_MAX_SECONDS": "0"}
 
 
+@WITH_PGBOUNCER
 def test_sleep_survives_worker_death_and_fires_on_database_time(stack: Stack) -> None:
     doomed = stack.start_worker(extra_env=RELEASE_ALL)
     with stack.client() as c:

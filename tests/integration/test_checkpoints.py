@@ -30,6 +30,7 @@ from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
 from app.engine.wakeup import NOTIFY_CHANNEL
 from app.sdk import WorkflowContext, workflow
+from tests.conftest import WITH_PGBOUNCER
 from tests.integration.support import submit
 
 TENANT = "cp"
@@ -60,6 +61,7 @@ async def _counts(db: Database, run_id: uuid.UUID) -> tuple[int, int, list[tuple
     return int(n_steps), int(n_events), [(r[0], int(r[1])) for r in rows]
 
 
+@WITH_PGBOUNCER
 async def test_stale_fence_writes_nothing(settings: Settings, db: Database) -> None:
     if db.dialect != "postgresql":
         pytest.skip("single-statement checkpoints are the PostgreSQL path")
@@ -113,6 +115,7 @@ async def test_stale_fence_writes_nothing(settings: Settings, db: Database) -> N
     assert await _counts(db, run_id) == (1, before[1] + 2, [("succeeded", fence + 1)])
 
 
+@WITH_PGBOUNCER
 async def test_stale_fence_does_not_complete(settings: Settings, db: Database) -> None:
     if db.dialect != "postgresql":
         pytest.skip("single-statement completion is the PostgreSQL path")
@@ -155,6 +158,7 @@ async def test_stale_fence_does_not_complete(settings: Settings, db: Database) -
             await checkpoints_q.complete_run(conn, run_id=run_id, fence=fence, output="2")
 
 
+@WITH_PGBOUNCER
 async def test_submit_statement_writes_run_event_and_notify(
     settings: Settings, db: Database
 ) -> None:
@@ -163,7 +167,8 @@ async def test_submit_statement_writes_run_event_and_notify(
     async with db.write() as conn:
         await Registry([plain]).register(conn)
     heard: asyncio.Queue[str] = asyncio.Queue()
-    listener = await asyncpg.connect(settings.database_url.replace("+asyncpg", ""))
+    assert settings.listen_url is not None  # a direct connection, also behind PgBouncer
+    listener = await asyncpg.connect(settings.listen_url.replace("+asyncpg", ""))
     await listener.add_listener(NOTIFY_CHANNEL, lambda *args: heard.put_nowait(args[3]))
     try:
         submitter = Submitter(db, settings)

@@ -21,6 +21,7 @@ from app.db.database import Database
 from app.db.tables import ACTIVE_CONCURRENCY_SLOT_WHERE, WAITING_FOR_SLOT_WHERE, runs
 from app.engine.registry import Registry
 from app.sdk import Permanent, WorkflowContext, workflow
+from tests.conftest import WITH_PGBOUNCER
 from tests.integration.support import api_client, reach, workers
 
 TENANT = "keys"
@@ -66,6 +67,7 @@ async def _active(db: Database, key: str) -> int:
         return int((await conn.execute(stmt)).scalar_one())
 
 
+@WITH_PGBOUNCER
 async def test_one_active_run_per_key(settings: Settings, db: Database) -> None:
     async with db.write() as conn:
         await REGISTRY.register(conn)

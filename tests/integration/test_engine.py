@@ -22,6 +22,7 @@ from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
 from app.sdk import Permanent, RetryPolicy, WorkflowContext, current_step, workflow
 from app.worker.worker import Worker
+from tests.conftest import WITH_PGBOUNCER
 from tests.helpers import wait_for
 
 TENANT = "acme"
@@ -188,6 +189,7 @@ async def finished(db: Database, run_id: Any) -> Any:
     return await wait_for(probe, timeout=30, what=f"run {run_id} to finish")
 
 
+@WITH_PGBOUNCER
 async def test_submit_to_completion(settings: Settings, db: Database) -> None:
     calls.clear()
     run_id = await submit(db, settings, "it-sum", a=2, b=3)
@@ -201,6 +203,7 @@ async def test_submit_to_completion(settings: Settings, db: Database) -> None:
     assert sorted(statuses) == [("add", "succeeded"), ("double", "succeeded")]
 
 
+@WITH_PGBOUNCER
 async def test_retries_then_success(settings: Settings, db: Database) -> None:
     calls.clear()
     n = next(_ids)
@@ -245,6 +248,7 @@ async def test_step_timeout(settings: Settings, db: Database) -> None:
     assert tuple(step) == ("timed_out", 2)
 
 
+@WITH_PGBOUNCER
 async def test_cancel_while_running(settings: Settings, db: Database) -> None:
     n = next(_ids)
     key = f"slow-{n}-0"
@@ -282,6 +286,7 @@ async def test_cancel_finished_run_conflicts(settings: Settings, db: Database) -
         await control.cancel(db, tenant_id=TENANT, run_id=run_id, actor="op", reason=None)
 
 
+@WITH_PGBOUNCER
 async def test_parallel_steps_overlap(settings: Settings, db: Database) -> None:
     n = next(_ids)
     key = f"par-{n}-0"

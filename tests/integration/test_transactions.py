@@ -26,6 +26,7 @@ from app.engine import control
 from app.engine.executor import RunExecution
 from app.engine.registry import Registry
 from app.sdk import Permanent, RetryPolicy, WorkflowContext, current_step, workflow
+from tests.conftest import WITH_PGBOUNCER
 from tests.helpers import wait_for
 from tests.integration.support import reach, submit, workers
 
@@ -198,6 +199,7 @@ async def claim_execution(
     return RunExecution(db, settings, rows[0], definition, entries, worker_id)
 
 
+@WITH_PGBOUNCER
 async def test_commits_once_across_a_crash_and_replay(settings: Settings, db: Database) -> None:
     await create_ledger(db)
     key = new_key()
@@ -223,6 +225,7 @@ async def test_commits_once_across_a_crash_and_replay(settings: Settings, db: Da
     assert await ledger_rows(db, key) == [f"{key}:1"]
 
 
+@WITH_PGBOUNCER
 async def test_lost_fence_rolls_back(settings: Settings, db: Database) -> None:
     await create_ledger(db)
     key = new_key()

@@ -20,7 +20,7 @@ from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
 from app.sdk import ApprovalDecision, WorkflowContext, workflow
 from app.worker.worker import Worker
-from tests.conftest import make_settings
+from tests.conftest import WITH_PGBOUNCER, make_settings
 from tests.helpers import wait_for
 from tests.integration import support
 
@@ -121,6 +121,7 @@ async def status_is(db: Database, run_id: Any, *statuses: str) -> Any:
     return await support.reach(db, TENANT, run_id, *statuses)
 
 
+@WITH_PGBOUNCER
 async def test_timer_signals_approval_and_values(wsettings: Settings, db: Database) -> None:
     run_id = await submit(db, wsettings, "w-all", key=f"k{next(_ids)}")
     # Sent before the run waits: buffered, consumed in order, each exactly once.
@@ -226,6 +227,7 @@ async def test_timer_signals_approval_and_values(wsettings: Settings, db: Databa
         )
 
 
+@WITH_PGBOUNCER
 async def test_signal_sent_while_waiting_wakes_the_run(wsettings: Settings, db: Database) -> None:
     run_id = await submit(db, wsettings, "w-all", key=f"k{next(_ids)}")
     async with worker(wsettings, db):
