@@ -14,7 +14,8 @@ fault                      raised when                                         r
                            but 57014 (57P01 admin shutdown, 57P02, 57P03,
                            57P04, 57P05), 53300 too many connections, 25006 a
                            read-only server (a failover in progress), 25P03, a
-                           connection SQLAlchemy invalidated, SQLite
+                           connection SQLAlchemy invalidated, no read-write
+                           host of a multi-host URL, SQLite
                            ``SQLITE_CANTOPEN`` / ``SQLITE_READONLY``
 ``pool_timeout``           no pooled connection was freed within               no
                            ``TREADLE_DB_POOL_TIMEOUT_SECONDS``

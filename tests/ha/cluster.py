@@ -331,6 +331,13 @@ class PatroniCluster:
         async def query() -> Any:
             conn = await asyncpg.connect(leader.url("postgres"), timeout=5)
             try:
+                # Free ports are picked before they are bound: on a shared machine another
+                # process's PostgreSQL could take one first. Make sure it is ours.
+                data_dir = await conn.fetchval("SHOW data_directory")
+                if Path(data_dir).resolve() != leader.data_dir.resolve():
+                    raise AssertionError(
+                        f"port {leader.pg_port} is served by {data_dir}, not {leader.name}"
+                    )
                 return await conn.fetchval(
                     "SELECT application_name FROM pg_stat_replication "
                     "WHERE state = 'streaming' AND sync_state = 'sync' LIMIT 1"
