@@ -1,5 +1,5 @@
 # One task runner for humans and CI. `make dev` runs the service; `make test` runs everything.
-.PHONY: dev test lint fmt openapi install bench bench-quick image-test deps-lowest
+.PHONY: dev test lint fmt openapi install bench bench-quick image-test deps-lowest ha
 
 # Every top-level examples/*.py as a dotted module, for the determinism checker.
 EXAMPLE_MODULES := $(filter-out examples.__init__,$(basename $(subst /,.,$(wildcard examples/*.py))))
@@ -20,6 +20,7 @@ test: install
 	scripts/ensure-postgres
 	scripts/install-chromium
 	scripts/install-pgbouncer
+	scripts/install-ha
 	$(MAKE) --no-print-directory lint
 	uv run pytest -n $(PYTEST_WORKERS) --dist loadgroup
 
@@ -36,6 +37,13 @@ fmt:
 
 openapi:
 	uv run python -m app.api.openapi > openapi/openapi.json
+
+# The long HA failover test (tests/ha, docs/deployment.md#high-availability-with-patroni):
+# more runs and three kill -9 failovers in a row, then a switchover. `make test` runs the
+# bounded version (one failover, one switchover).
+ha: install
+	scripts/install-ha
+	TREADLE_HA_LONG=1 uv run pytest tests/ha -p no:randomly -s -q
 
 # Benchmarks against the local PostgreSQL (docs/benchmarks.md). Installs the peer (DBOS, in
 # its own venv) and, when root on Debian, wrk; falls back to an httpx load generator.

@@ -273,6 +273,10 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
 
 
 async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+    if classify(exc) is not None:
+        # A driver error SQLAlchemy did not wrap (asyncpg finding no read-write host of a
+        # multi-host URL mid-failover): a database fault, 503, not a bug.
+        return await _database_error(request, exc)
     log.exception("unhandled error", path=request.url.path)
     return problem(
         500, "internal_error", "internal error; it has been logged", instance=request.url.path

@@ -14,7 +14,8 @@ fault                      raised when                                         r
                            but 57014 (57P01 admin shutdown, 57P02, 57P03,
                            57P04, 57P05), 53300 too many connections, 25006 a
                            read-only server (a failover in progress), 25P03, a
-                           connection SQLAlchemy invalidated, SQLite
+                           connection SQLAlchemy invalidated, no read-write
+                           host of a multi-host URL, SQLite
                            ``SQLITE_CANTOPEN`` / ``SQLITE_READONLY``
 ``pool_timeout``           no pooled connection was freed within               no
                            ``TREADLE_DB_POOL_TIMEOUT_SECONDS``
@@ -67,6 +68,7 @@ from __future__ import annotations
 import asyncio
 import random
 import sqlite3
+import sys
 from collections.abc import Awaitable, Callable
 from enum import StrEnum
 from typing import TypeVar
@@ -245,6 +247,27 @@ def _classify_sqlite(orig: BaseException) -> DbFault | None:
     return DbFault.UNAVAILABLE
 
 
+def _no_writable_host(exc: BaseException) -> bool:
+    """True if ``exc`` (or what it wraps) is asyncpg finding no host of the required kind.
+
+    A multi-host URL with ``target_session_attrs=read-write`` (an HA cluster) raises it
+    while every reachable node is a standby, i.e. mid-failover: the database is
+    unavailable, not broken. asyncpg is an optional extra, so it is looked up only if
+    something already imported it (then it is the driver that raised).
+    """
+    asyncpg = sys.modules.get("asyncpg")
+    if asyncpg is None:
+        return False
+    seen: BaseException | None = exc
+    for _ in range(5):
+        if seen is None:
+            return False
+        if isinstance(seen, asyncpg.TargetServerAttributeNotMatched):
+            return True
+        seen = getattr(seen, "orig", None) or seen.__cause__
+    return False
+
+
 def classify(exc: BaseException) -> DbFault | None:
     """Name the transient database fault ``exc`` is, or None for anything else.
 
@@ -263,13 +286,15 @@ def classify(exc: BaseException) -> DbFault | None:
         sqlstate = getattr(exc.orig, "sqlstate", None)
         if isinstance(sqlstate, str) and len(sqlstate) == 5:
             return classify_sqlstate(sqlstate)
-        if exc.connection_invalidated:
+        if exc.connection_invalidated or _no_writable_host(exc):
             return DbFault.UNAVAILABLE
         if isinstance(exc.orig, sqlite3.Error):
             return _classify_sqlite(exc.orig)
         if isinstance(exc, OperationalError) or isinstance(exc.orig, OSError):
             return DbFault.UNAVAILABLE
         return None
+    if _no_writable_host(exc):
+        return DbFault.UNAVAILABLE
     if isinstance(exc, ConnectionError):
         # Raised by the driver before SQLAlchemy wraps anything (connection refused).
         return DbFault.UNAVAILABLE

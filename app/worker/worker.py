@@ -53,6 +53,9 @@ from app.worker.webhooks import WebhookSender
 
 log = structlog.get_logger("treadle.worker")
 
+LISTEN_APPLICATION_NAME = "treadle-worker-listen"
+"""``application_name`` of a worker's LISTEN connection (see pg_stat_activity)."""
+
 
 @dataclass(eq=False)
 class _Active:
@@ -608,11 +611,19 @@ class Worker:
         """
         import asyncpg
 
-        dsn = make_url(url).set(drivername="postgresql").render_as_string(hide_password=False)
+        # The connect arguments the engine's own dialect derives from the URL: a multi-host
+        # URL (``?host=a:5432&host=b:5432&target_session_attrs=read-write``, an HA cluster)
+        # keeps every host and the attribute, so after a failover LISTEN lands on the new
+        # primary. Re-rendering the URL as an asyncpg DSN kept only the last ``host``.
+        _args, kwargs = self.db.engine.dialect.create_connect_args(make_url(url))
+        kwargs.pop("prepared_statement_cache_size", None)
+        # Named, so operators (and the HA test) can find the LISTEN sessions in
+        # pg_stat_activity on whichever node is the primary.
+        kwargs["server_settings"] = {"application_name": LISTEN_APPLICATION_NAME}
         while True:
             conn: Any = None
             try:
-                conn = await asyncpg.connect(dsn)
+                conn = await asyncpg.connect(**kwargs)
                 await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake.set())
                 self._wake.set()  # catch anything submitted while we were not listening
                 while not conn.is_closed():
