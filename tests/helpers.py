@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import socket
 import subprocess
+import threading
 import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -92,3 +95,74 @@ def wait_until_serving(
                 return False
 
         wait_for_sync(ready, timeout=timeout, what=f"{url} ready")
+
+
+class TcpForwarder:
+    """A TCP port that is closed until :meth:`open`, then forwards to ``target``.
+
+    A database URL through it points at a server that is down (connections refused, as
+    while PostgreSQL restarts) until the test opens the port; from then on every
+    connection is relayed byte for byte to the real server. Threads, not the test's event
+    loop, so it serves subprocesses and in-process code alike. :meth:`close` ends the
+    listener and every relayed connection (use it in a ``finally``).
+
+    Args:
+        target: ``(host, port)`` of the real server.
+    """
+
+    def __init__(self, target: tuple[str, int]) -> None:
+        self.target = target
+        with socket.socket() as s:  # a free port, bound only once opened
+            s.bind(("127.0.0.1", 0))
+            self.port = int(s.getsockname()[1])
+        self._listener: socket.socket | None = None
+        self._sockets: list[socket.socket] = []
+        self._lock = threading.Lock()
+        self._closed = threading.Event()
+
+    def open(self) -> None:
+        """Start accepting and relaying connections."""
+        listener = socket.create_server(("127.0.0.1", self.port))
+        self._listener = listener
+        threading.Thread(target=self._accept, args=(listener,), daemon=True).start()
+
+    def _accept(self, listener: socket.socket) -> None:
+        while not self._closed.is_set():
+            try:
+                client, _ = listener.accept()
+            except OSError:
+                return  # closed
+            try:
+                server = socket.create_connection(self.target)
+            except OSError:
+                client.close()
+                continue
+            with self._lock:
+                self._sockets += [client, server]
+            for a, b in ((client, server), (server, client)):
+                threading.Thread(target=self._pump, args=(a, b), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(65536):
+                dst.sendall(data)
+        except OSError:
+            pass
+        finally:
+            # Half a connection ended: end the other half, as a real peer's close would.
+            for s in (src, dst):
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+
+    def close(self) -> None:
+        """Stop listening and cut every relayed connection."""
+        self._closed.set()
+        if self._listener is not None:
+            self._listener.close()
+        with self._lock:
+            for s in self._sockets:
+                with contextlib.suppress(OSError):
+                    s.shutdown(socket.SHUT_RDWR)
+                s.close()
+            self._sockets = []

@@ -66,6 +66,7 @@ for anything a tenant can read (a run's or a step's error, a problem detail).
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import sqlite3
 import sys
@@ -389,3 +390,53 @@ async def retry_conflicts(
             )
         await asyncio.sleep(wait)
         attempt += 1
+
+
+# Waits between attempts of :func:`wait_out_faults`: doubling from the first, capped.
+START_RETRY_FIRST_SECONDS = 0.2
+START_RETRY_CAP_SECONDS = 2.0
+
+
+async def wait_out_faults(
+    fn: Callable[[], Awaitable[None]], *, what: str, stopping: asyncio.Event
+) -> bool:
+    """Run ``fn`` until it gets through without a transient fault, or ``stopping`` is set.
+
+    For what a process must do before it can work at all (a worker's schema check and
+    registration): started while PostgreSQL restarts, or restarted in the middle of
+    them, the process waits the outage out like its loops do afterwards, instead of
+    exiting with the fault's traceback. Each fault is logged (``database fault at start;
+    retrying``) and retried after 0.2, 0.4, … up to 2 s; an error that is not a fault
+    (:func:`classify` is None, e.g. a schema at the wrong revision) is raised at once.
+
+    Args:
+        fn: the work; one whole attempt per call (a failed one committed nothing).
+        what: names the work in the log line.
+        stopping: set to give up waiting (SIGTERM).
+
+    Returns:
+        True once ``fn`` returned; False if ``stopping`` was set first.
+
+    Raises:
+        Whatever ``fn`` raised that is not a transient fault.
+    """
+    delay = START_RETRY_FIRST_SECONDS
+    while not stopping.is_set():
+        try:
+            await fn()
+            return True
+        except Exception as exc:
+            fault = classify(exc)
+            if fault is None:
+                raise
+            log.warning(
+                "database fault at start; retrying",
+                what=what,
+                fault=fault.value,
+                error=describe(exc)[:300],
+                retry_in_seconds=delay,
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(stopping.wait(), delay)
+        delay = min(delay * 2, START_RETRY_CAP_SECONDS)
+    return False

@@ -18,6 +18,7 @@ from sqlalchemy.exc import DBAPIError
 from alembic import command
 from app.core.errors import SchemaVersionMismatch
 from app.db.database import Database
+from app.db.faults import classify
 
 # Where the wheel carries the migrations (pyproject.toml maps the repository's top-level
 # alembic/ and alembic.ini here; docs/adr/0014-packaging.md).
@@ -86,12 +87,20 @@ async def migrate(database_url: str) -> None:
 
 
 async def current_revision(db: Database) -> str | None:
-    """Return the revision recorded in ``alembic_version``, or None for an empty database."""
+    """Return the revision recorded in ``alembic_version``, or None for an empty database.
+
+    Raises:
+        DBAPIError: a transient fault (:func:`app.db.faults.classify`): a server going
+            down mid-query is not an empty database (the caller would refuse to start,
+            saying "run treadle migrate").
+    """
     async with db.read() as conn:
         try:
             row = (await conn.execute(text("SELECT version_num FROM alembic_version"))).first()
-        except DBAPIError:
-            return None
+        except DBAPIError as exc:
+            if classify(exc) is not None:
+                raise
+            return None  # no alembic_version table: nothing migrated yet
     return None if row is None else str(row[0])
 
 

@@ -30,7 +30,7 @@ from app.core.errors import CheckpointFault, LeaseLost
 from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus
 from app.db.database import Database
-from app.db.faults import classify
+from app.db.faults import classify, wait_out_faults
 from app.db.migrations import check_schema
 from app.db.pooler import statement_timeout_mismatch
 from app.db.queries import checkpoints as checkpoints_q
@@ -161,9 +161,13 @@ class Worker:
     async def run(self, on_ready: Callable[[Worker], None] | None = None) -> None:
         """Register, then claim and execute until :meth:`stop`; then drain.
 
-        ``on_ready(self)`` is called after registration, before the first claim.
+        ``on_ready(self)`` is called after registration, before the first claim. A
+        registration meeting a database fault (the worker started during an outage, or
+        PostgreSQL restarted just then) is retried until it succeeds or :meth:`stop`
+        (:func:`app.db.faults.wait_out_faults`); stopped first, this returns at once.
         """
-        await self.register()
+        if not await wait_out_faults(self.register, what="register", stopping=self._stopping):
+            return
         self.log.info(
             "worker started", definitions=len(self.registry), concurrency=self.concurrency
         )
@@ -656,6 +660,15 @@ class Worker:
             await asyncio.gather(*pending, return_exceptions=True)
 
 
+async def _check_database(db: Database) -> None:
+    """The schema revision (raises when not migrated) and, behind a pooler, a warning when
+    the role's ``statement_timeout`` differs from the setting (docs/deployment.md)."""
+    await check_schema(db)
+    mismatch = await statement_timeout_mismatch(db)
+    if mismatch is not None:
+        log.warning(mismatch)
+
+
 async def run_worker(
     settings: Settings,
     handler_modules: list[str],
@@ -679,17 +692,19 @@ async def run_worker(
     # classified as database_unavailable, and the run is given back or the claim retried.
     db = Database(settings, pre_ping=False)
     try:
-        await check_schema(db)
-        mismatch = await statement_timeout_mismatch(db)
-        if mismatch is not None:
-            log.warning(mismatch)
         worker = Worker(settings, db, registry, concurrency=concurrency)
-        if metrics_port is not None:
-            # prometheus_client's own server thread: /metrics of this worker process.
-            prometheus_client.start_http_server(metrics_port, addr=settings.host)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, worker.stop)
+        # Started during a database outage (or one beginning now), the worker waits for
+        # the database rather than exiting; a schema at the wrong revision still exits.
+        if not await wait_out_faults(
+            lambda: _check_database(db), what="schema check", stopping=worker._stopping
+        ):
+            return
+        if metrics_port is not None:
+            # prometheus_client's own server thread: /metrics of this worker process.
+            prometheus_client.start_http_server(metrics_port, addr=settings.host)
         await worker.run(on_ready=on_ready)
     finally:
         await db.dispose()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import json
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable, Iterator
@@ -24,9 +25,9 @@ from sqlalchemy.engine import make_url
 from app.core.settings import Settings
 from app.db.database import Database
 from app.engine.registry import Registry
-from tests.acceptance.conftest import Stack, token
+from tests.acceptance.conftest import WORKER_READY, Stack, token
 from tests.conftest import DEV_SECRET
-from tests.helpers import wait_for, wait_for_sync
+from tests.helpers import TcpForwarder, wait_for, wait_for_sync
 
 PG_ONLY = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 AUTH = {"Authorization": f"Bearer {token()}"}
@@ -565,3 +566,60 @@ async def test_heartbeats_renew_leases_while_steps_hold_the_whole_pool(
             assert (shared / f"{name}.calls").read_text().split() == [str(holder.pid)]
     finally:
         await observer.close()
+
+
+@PG_ONLY
+def test_a_worker_process_started_while_the_database_is_down_waits_for_it(
+    database_url: str, stack: Stack
+) -> None:
+    """``treadle worker`` started with its database down waits, then registers and runs.
+
+    Found by the chaos harness's database monkey (a worker restarted during a PostgreSQL
+    restart exited with a traceback and ran nothing more). The worker's database is
+    reached through a port that refuses connections until the test opens it: the
+    process must stay up, logging its retries of the schema check, then announce itself
+    and complete a run submitted over HTTP.
+    """
+    url = make_url(database_url)
+    forwarder = TcpForwarder((url.host or "127.0.0.1", url.port or 5432))
+    down_url = url.set(port=forwarder.port).render_as_string(hide_password=False)
+    proc = stack._spawn(
+        ["worker", "--handlers", "tests.acceptance.handlers"],
+        "worker",
+        {"TREADLE_DATABASE_URL": down_url},
+    )
+    stack.workers.append(proc)
+    log = stack.logs[-1]
+    try:
+
+        def retried_twice() -> bool:
+            if proc.poll() is not None:  # the defect: the process exited
+                raise AssertionError(f"worker exited: {log.read_text()[-3000:]}")
+            lines = [json.loads(line) for line in log.read_text().splitlines() if line[:1] == "{"]
+            retries = [e for e in lines if e["event"] == "database fault at start; retrying"]
+            return len(retries) >= 2 and {e["what"] for e in retries} == {"schema check"}
+
+        # Generous: the interpreter alone takes ~25 s to start on a loaded 2-core box.
+        wait_for_sync(retried_twice, timeout=90, what="two refused schema checks")
+        forwarder.open()  # the database is back
+
+        def announced() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"worker exited: {log.read_text()[-3000:]}")
+            return WORKER_READY in log.read_bytes()
+
+        wait_for_sync(announced, timeout=60, what="the worker's ready line")
+        with stack.client() as c:
+            r = c.post("/runs", json={"workflow": "acc-echo", "input": {"value": [1, "a"]}})
+            assert r.status_code == 201, r.text
+            run_id = r.json()["run_id"]
+
+            def finished() -> dict[str, Any] | None:
+                body: dict[str, Any] = c.get(f"/runs/{run_id}").json()
+                return body if body["status"] in ("completed", "failed") else None
+
+            body = wait_for_sync(finished, timeout=60, what="the run to finish")
+        assert (body["status"], body["output"]) == ("completed", [1, "a"])
+    finally:
+        stack.stop()  # the worker first: it holds connections through the forwarder
+        forwarder.close()

@@ -19,6 +19,7 @@ from typing import Any
 import asyncpg
 import prometheus_client
 import pytest
+import structlog
 from pydantic import BaseModel
 from sqlalchemy import func, select, text
 from sqlalchemy.engine import make_url
@@ -35,7 +36,7 @@ from app.engine.registry import Registry
 from app.sdk import RetryPolicy, WorkflowContext, workflow
 from app.worker.worker import Worker
 from tests.conftest import PG_SERVER, make_settings
-from tests.helpers import wait_for
+from tests.helpers import TcpForwarder, wait_for
 from tests.integration import support
 
 TENANT = "faults"
@@ -1057,3 +1058,92 @@ async def test_sqlite_full_database_is_a_503_over_http_and_stores_nothing(
     assert (listed.status_code, listed.json()["items"]) == (200, [])
     assert accepted.status_code == 201, accepted.text  # the refused one stored nothing
     assert (again.status_code, again.json()["run_id"]) == (200, accepted.json()["run_id"])
+
+
+@PG_ONLY
+async def test_a_worker_started_during_an_outage_waits_for_the_database(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A worker whose database is down when it starts retries its registration.
+
+    Found by the chaos harness's database monkey: a worker started while PostgreSQL was
+    restarting (or restarted between its schema check and its registration) exited with
+    the fault's traceback. Now every transient fault before the first claim is waited
+    out (app.db.faults.wait_out_faults): the worker keeps retrying while connections are
+    refused, registers once the server answers, and runs; SIGTERM meanwhile stops it.
+    """
+    url = make_url(database_url)
+    forwarder = TcpForwarder((url.host or "127.0.0.1", url.port or 5432))
+    down_url = url.set(port=forwarder.port).render_as_string(hide_password=False)
+    settings = make_settings(down_url, tmp_path, poll_interval_seconds=0.05)
+    worker_db = Database(settings, pre_ping=False)
+    db = Database(make_settings(database_url, tmp_path))
+    worker = Worker(settings, worker_db, REGISTRY, concurrency=1)
+    ready = asyncio.Event()
+    with structlog.testing.capture_logs() as logs:
+        running = asyncio.create_task(worker.run(on_ready=lambda _: ready.set()))
+        try:
+
+            async def refused_twice() -> bool:
+                if running.done():  # the defect: the fault ended the worker
+                    running.result()
+                    raise AssertionError("the worker returned while the database was down")
+                retried = [e for e in logs if e["event"] == "database fault at start; retrying"]
+                return len(retried) >= 2
+
+            await wait_for(refused_twice, timeout=60, what="two refused registrations")
+            assert {e["fault"] for e in logs if e.get("what") == "register"} == {"unavailable"}
+            forwarder.open()  # the database is back
+            await asyncio.wait_for(ready.wait(), 60)
+            async with db.read() as conn:
+                row = (
+                    await conn.execute(
+                        text("SELECT stopped_at FROM workers WHERE worker_id = :w"),
+                        {"w": worker.worker_id},
+                    )
+                ).one()
+            assert row.stopped_at is None
+            key = f"late-{uuid.uuid4().hex[:8]}"
+            _gate(f"{key}:release").set()
+            run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-held", key=key)
+            done = await support.reach(db, TENANT, run_id, "completed", "failed", timeout=60)
+            assert done["status"] == "completed"
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+            await worker_db.dispose()
+            await db.dispose()
+            forwarder.close()
+
+
+@PG_ONLY
+async def test_a_worker_stopped_before_the_database_came_back_exits_cleanly(
+    database_url: str, tmp_path: Path
+) -> None:
+    """SIGTERM (``Worker.stop``) during the wait for the database ends it at once."""
+    url = make_url(database_url)
+    forwarder = TcpForwarder((url.host or "127.0.0.1", url.port or 5432))
+    down_url = url.set(port=forwarder.port).render_as_string(hide_password=False)
+    settings = make_settings(down_url, tmp_path)
+    worker_db = Database(settings, pre_ping=False)
+    worker = Worker(settings, worker_db, REGISTRY, concurrency=1)
+    ready = asyncio.Event()
+    with structlog.testing.capture_logs() as logs:
+        running = asyncio.create_task(worker.run(on_ready=lambda _: ready.set()))
+        try:
+
+            async def refused() -> bool:
+                if running.done():
+                    running.result()
+                    raise AssertionError("the worker returned while the database was down")
+                return any(e["event"] == "database fault at start; retrying" for e in logs)
+
+            await wait_for(refused, timeout=60, what="a refused registration")
+            worker.stop()
+            await asyncio.wait_for(running, 10)  # returns, raising nothing
+            assert not ready.is_set()
+        finally:
+            worker.stop()
+            await asyncio.wait_for(running, 30)
+            await worker_db.dispose()
+            forwarder.close()
