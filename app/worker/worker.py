@@ -661,8 +661,13 @@ class Worker:
 
 
 async def _check_database(db: Database) -> None:
-    """The schema revision (raises when not migrated) and, behind a pooler, a warning when
-    the role's ``statement_timeout`` differs from the setting (docs/deployment.md)."""
+    """Check the schema revision; behind a pooler, warn about a differing statement timeout.
+
+    Raises:
+        Whatever :func:`check_schema` raises (not migrated, wrong revision, a fault); the
+        role's ``statement_timeout`` differing from the setting is only logged
+        (docs/deployment.md, "Behind PgBouncer").
+    """
     await check_schema(db)
     mismatch = await statement_timeout_mismatch(db)
     if mismatch is not None:
