@@ -381,6 +381,23 @@ class Database:
             yield await conn.execution_options(isolation_level="AUTOCOMMIT")
 
     @contextlib.asynccontextmanager
+    async def read_statement(self) -> AsyncIterator[AsyncConnection]:
+        """A connection for one read statement on the primary, with no transaction around it.
+
+        On PostgreSQL an :meth:`autocommit` connection: the statement is its own
+        transaction, so a one-row read is one round trip instead of three (``BEGIN``, the
+        statement, ``COMMIT``); for the executor's per-step reads (its pause check). On
+        SQLite a :meth:`read` transaction, which costs no round trip there. Use
+        :meth:`read` for more than one statement that must see one snapshot.
+        """
+        if self.dialect == "postgresql":
+            async with self.autocommit() as conn:
+                yield conn
+        else:
+            async with self.read() as conn:
+                yield conn
+
+    @contextlib.asynccontextmanager
     async def read(self) -> AsyncIterator[AsyncConnection]:
         """Open a read-only-by-convention transaction (rolled back at the end)."""
         pool = "read" if "read" in self._pools else "main"

@@ -413,7 +413,8 @@ class RunExecution:
         finishes and checkpoints first (a pause moves no fence); the run is then released
         ``queued`` and due at once, and no claim takes it until it is unpaused
         (docs/adr/0021-pause-is-a-flag-beside-the-status.md). One primary-key read per
-        new step; an undoing run is not paused (its undo is what cancel asked for).
+        new step, a single round trip on PostgreSQL (:meth:`Database.read_statement`);
+        an undoing run is not paused (its undo is what cancel asked for).
 
         Raises:
             CheckpointFault: the read met a transient database fault.
@@ -421,7 +422,7 @@ class RunExecution:
         if self.cancelling or self.compensating:
             return
         try:
-            async with self.db.read() as conn:
+            async with self.db.read_statement() as conn:
                 paused = await runs_q.is_paused(conn, self.run_id)
         except Exception as exc:
             # A transient fault here is the checkpoint's: the worker gives the run back
