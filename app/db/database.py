@@ -205,6 +205,11 @@ class Database:
         connect_args = pg_connect_args(self.settings)
         if connect_timeout is not None:
             connect_args["timeout"] = connect_timeout  # asyncpg.connect's, in seconds
+            # Client-side, beyond the server's statement_timeout: only for a host that
+            # stops answering (app.db.replica.CONNECT_TIMEOUT_SECONDS).
+            connect_args["command_timeout"] = (
+                self.settings.db_statement_timeout_seconds + connect_timeout
+            )
         return create_async_engine(
             self.url if url is None else url,
             pool_size=pool_size,

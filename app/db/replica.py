@@ -43,7 +43,10 @@ RECHECK_SECONDS = 1.0
 
 CONNECT_TIMEOUT_SECONDS = 5.0
 """asyncpg's connect timeout on the replica (its default is 60 s): a replica host that
-does not answer delays at most one read per :data:`RECHECK_SECONDS` by this much."""
+does not answer delays at most one read per :data:`RECHECK_SECONDS` by this much. Its
+statements also get asyncpg's ``command_timeout``: ``TREADLE_DB_STATEMENT_TIMEOUT_SECONDS``
+plus this, so a server that stops answering mid-read (the server's own timeout cannot
+fire then) fails the read instead of holding the request forever."""
 
 # Seconds the replica's data trails the primary's. When every WAL record received has
 # been replayed the replica is as fresh as the stream: 0, even if the primary has been
@@ -61,6 +64,17 @@ _LAG_SQL = text(
     END
     """
 )
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """True if ``exc`` means the replica cannot serve: a fault, or no answer in time.
+
+    asyncpg raises a bare :class:`TimeoutError` when a connect outlasts its ``timeout``
+    (:data:`CONNECT_TIMEOUT_SECONDS`) or a statement its ``command_timeout`` (a replica
+    host that stopped answering: frozen, partitioned away). Only the replica's engine
+    gets those timeouts, so here that error is the replica's, never a step's own.
+    """
+    return isinstance(exc, TimeoutError) or classify(exc) is DbFault.UNAVAILABLE
 
 
 async def replay_lag_seconds(conn: AsyncConnection) -> float | None:
@@ -119,7 +133,7 @@ class ReplicaGate:
         try:
             conn = await self.engine.connect()
         except Exception as exc:
-            if classify(exc) is not DbFault.UNAVAILABLE:
+            if not _unavailable(exc):
                 raise
             self._skip(now, "unavailable", error=describe(exc))
             return None
@@ -132,7 +146,7 @@ class ReplicaGate:
         except Exception as exc:
             await conn.close()
             self._checked_until = float("-inf")
-            if classify(exc) is not DbFault.UNAVAILABLE:
+            if not _unavailable(exc):
                 raise
             self._skip(now, "unavailable", error=describe(exc))
             return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,6 +25,7 @@ import pytest
 from sqlalchemy import text
 
 from app.core.settings import AuthMode, Settings
+from app.db import replica
 from app.db.database import Database
 from tests.acceptance.conftest import ROOT, Stack, free_port, token
 from tests.conftest import DEV_SECRET
@@ -242,6 +244,44 @@ async def test_a_standby_that_goes_down_is_skipped_and_used_again_once_back(
             await asyncio.to_thread(pair.start_standby)
         await wait_for(
             lambda: _served_by_standby(db), timeout=60, interval=0.2, what="standby used again"
+        )
+    finally:
+        await db.dispose()
+
+
+def _standby_processes(pair: StreamingPair) -> list[int]:
+    """The standby's postmaster and every process it started (backends, walreceiver)."""
+    postmaster = int((pair.standby.dir / "postmaster.pid").read_text().split()[0])
+    children = Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()
+    return [postmaster, *(int(pid) for pid in children)]
+
+
+async def test_a_standby_that_stops_answering_is_skipped_within_the_timeouts(
+    pair: StreamingPair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Every read re-measures the lag: the pooled connection's next statement meets the
+    # frozen server at once, not after a recheck interval.
+    monkeypatch.setattr(replica, "RECHECK_SECONDS", 0.0)
+    settings = _settings(pair, tmp_path, pair.standby.url(DATABASE), max_lag=30.0)
+    # asyncpg's command_timeout on the replica is this plus the connect timeout (6 s).
+    db = Database(settings.model_copy(update={"db_statement_timeout_seconds": 1.0}))
+    try:
+        assert await _served_by_standby(db)  # a pooled connection to it now exists
+        unavailable = _fallbacks("unavailable")
+        frozen = _standby_processes(pair)
+        for pid in frozen:
+            os.kill(pid, signal.SIGSTOP)  # alive and connected, answering nothing
+        try:
+            # The pre-ping of the pooled connection times out, so does the new connect:
+            # the read goes to the primary instead of hanging or failing the request.
+            assert not await asyncio.wait_for(_served_by_standby(db), timeout=90)
+            assert _fallbacks("unavailable") > unavailable
+            assert await asyncio.wait_for(_plain_read_on_standby(db), timeout=30) is False
+        finally:
+            for pid in frozen:
+                os.kill(pid, signal.SIGCONT)
+        await wait_for(
+            lambda: _served_by_standby(db), timeout=90, interval=0.2, what="standby used again"
         )
     finally:
         await db.dispose()
