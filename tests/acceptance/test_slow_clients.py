@@ -22,7 +22,7 @@ import pytest
 
 from tests.acceptance.conftest import Stack, free_port, token
 from tests.acceptance.test_http_input import register_workflows
-from tests.helpers import wait_until_serving
+from tests.helpers import wait_for_sync, wait_until_serving
 
 BOUND = 2.0  # both read bounds, seconds
 SLACK = 20.0  # generous: a loaded machine may be slow to close, never this slow
@@ -116,6 +116,16 @@ def server(
             ["dev", "--port", str(port), "--handlers", "tests.acceptance.handlers"], "dev"
         )
         wait_until_serving(s.url, s.api, s.logs[-1], timeout=90)
+        # treadle dev's in-process worker registers the handlers after the API serves.
+        with s.client(token(tenant=TENANT)) as c:
+
+            def registered() -> bool:
+                listed = c.get("/workflows")
+                return listed.status_code == 200 and any(
+                    w["name"] == "acc-echo" for w in listed.json()["items"]
+                )
+
+            wait_for_sync(registered, timeout=90, interval=0.1, what="acc-echo registered")
     try:
         yield s
     finally:

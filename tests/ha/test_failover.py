@@ -182,7 +182,26 @@ def _database(cluster: PatroniCluster) -> str:
         finally:
             await conn.close()
 
+    async def everywhere() -> bool:
+        # asyncpg tries the hosts in order and gives up at the first that lacks the
+        # database, before asking whether it is the read-write one: a standby that has
+        # flushed (synchronous commit) but not yet replayed CREATE DATABASE would fail
+        # the multi-host connect below.
+        for node in cluster.nodes:
+            conn = await asyncpg.connect(node.url("postgres"), timeout=5)
+            try:
+                if not await conn.fetchval(
+                    "SELECT count(*) FROM pg_database WHERE datname = 'treadle'"
+                ):
+                    return False
+            finally:
+                await conn.close()
+        return True
+
     asyncio.run(create())
+    wait_for_sync(
+        lambda: asyncio.run(everywhere()), timeout=60, interval=0.1, what="database on every node"
+    )
     url = cluster.url("treadle")
     upgrade_to_head(url)  # Alembic through the multi-host URL
     return url

@@ -51,7 +51,7 @@ def test_footprint_counts_a_drain_on_its_own_cluster() -> None:
     # A step commits at least its result; the drain's figure can only be larger.
     assert r["drain_commits_per_step"] >= 1
     assert r["drain_wal_bytes_per_step"] > 0
-    assert r["worker_peak_connections"] >= 1
+    # Not the peak connections: five runs can drain between two 0.2 s samples.
 
 
 def test_percentile_and_profile_summary() -> None:
