@@ -145,6 +145,11 @@ class Worker:
         self._stopping.set()
         self._wake.set()
 
+    @property
+    def stopping(self) -> asyncio.Event:
+        """Set once :meth:`stop` was called; start-up waits (the schema check) end on it."""
+        return self._stopping
+
     async def register(self) -> None:
         """Upsert definitions and this worker's row."""
         async with self.db.write() as conn:
@@ -704,7 +709,7 @@ async def run_worker(
         # Started during a database outage (or one beginning now), the worker waits for
         # the database rather than exiting; a schema at the wrong revision still exits.
         if not await wait_out_faults(
-            lambda: _check_database(db), what="schema check", stopping=worker._stopping
+            lambda: _check_database(db), what="schema check", stopping=worker.stopping
         ):
             return
         if metrics_port is not None:
