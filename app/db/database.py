@@ -25,6 +25,7 @@ from app.core.settings import DbPooler, Settings
 from app.db.dialect import now_expr
 from app.db.faults import retry_conflicts
 from app.db.replica import CONNECT_TIMEOUT_SECONDS, ReplicaGate
+from app.db.sqlite import RollbackOnCloseConnection
 
 T = TypeVar("T")
 
@@ -252,7 +253,11 @@ class Database:
             }
         engine = create_async_engine(
             self.url,
-            connect_args={"timeout": self.settings.sqlite_busy_timeout_seconds},
+            connect_args={
+                "timeout": self.settings.sqlite_busy_timeout_seconds,
+                # A connection closed mid-transaction must not keep the write lock.
+                "factory": RollbackOnCloseConnection,
+            },
             **pool,
         )
 
