@@ -116,6 +116,18 @@ def problem(
     **extra: Any,
 ) -> JSONResponse:
     """Build a problem+json response; ``type`` is ``urn:treadle:problem:<code>``."""
+    body = problem_body(status, code, detail, instance=instance, **extra)
+    # ASCII-escaped like every JSON view: a detail quoting a lone surrogate still encodes.
+    return AsciiJSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def problem_body(
+    status: int, code: str, detail: str, *, instance: str | None = None, **extra: Any
+) -> dict[str, Any]:
+    """The RFC 9457 members of a problem (what :func:`problem` sends), as a dict.
+
+    Also the per-item ``problem`` of ``POST /runs:batch`` results (docs/api.md).
+    """
     # Standard members win over error data that happens to reuse a name.
     body: dict[str, Any] = {
         **extra,
@@ -127,8 +139,7 @@ def problem(
     }
     if instance is not None:
         body["instance"] = instance
-    # ASCII-escaped like every JSON view: a detail quoting a lone surrogate still encodes.
-    return AsciiJSONResponse(body, status_code=status, media_type=PROBLEM_JSON, headers=headers)
+    return body
 
 
 async def _treadle_error(request: Request, exc: Exception) -> JSONResponse:

@@ -126,6 +126,61 @@ ActionReason = Annotated[
 """Why an operator acts on a run: at most 1000 printable characters (no control ones)."""
 
 
+class SubmitBatchRequest(BaseModel):
+    """Body of ``POST /runs:batch``: the runs to submit, each a ``POST /runs`` body.
+
+    Items are checked one by one (a malformed item is that item's 422, not the
+    request's); the list holds 1 to ``TREADLE_MAX_BATCH_RUNS`` (default 1,000) items.
+    """
+
+    model_config = ConfigDict(
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "examples": [
+                {
+                    "runs": [
+                        {"workflow": "orders.fulfil", "input": {"order_id": "A-1001"}},
+                        {
+                            "workflow": "orders.fulfil",
+                            "input": {"order_id": "A-1002"},
+                            "idempotency_key": "order-A-1002",
+                        },
+                    ]
+                }
+            ]
+        },
+    )
+
+    runs: list[Any] = Field(
+        min_length=1,
+        description="The runs, each a `POST /runs` body (SubmitRunRequest).",
+        json_schema_extra={"items": {"$ref": "#/components/schemas/SubmitRunRequest"}},
+    )
+
+
+class BatchItemResult(BaseModel):
+    """One item's outcome in a ``POST /runs:batch`` response (request order)."""
+
+    index: int = Field(description="The item's position in the request's `runs` (from 0).")
+    status: int = Field(
+        description="What `POST /runs` would have answered for the item alone: 201 new "
+        "run, 200 identical idempotent retry, else the problem's status (404, 409, 413, 422)."
+    )
+    run: Run | None = Field(default=None, description="The run (201 and 200), else null.")
+    problem: Problem | None = Field(
+        default=None, description="The item's problem details (any other status), else null."
+    )
+
+
+class SubmitBatchResponse(BaseModel):
+    """``POST /runs:batch`` response (207 Multi-Status): one result per item."""
+
+    results: list[BatchItemResult]
+    created: int = Field(description="How many items created a run (status 201).")
+    failed: int = Field(description="How many items failed (status 4xx).")
+
+
 class _OptionalReasonRequest(BaseModel):
     """The optional body of a run action whose only field is an optional ``reason``.
 

@@ -7,8 +7,10 @@ codes) in :mod:`app.cli.common`.
 
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterator
 from enum import StrEnum
+from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
@@ -23,6 +25,7 @@ from app.cli.common import (
     api_client,
     emit,
     emit_page,
+    fail,
     note,
     parse_time,
     print_json,
@@ -123,6 +126,62 @@ def runs_start(
             labels=labels,
         )
     emit(run, output)
+
+
+BATCH_COLUMNS = ["index", "status", "run_id", "code", "detail"]
+
+
+def read_batch_file(path: str) -> list[Any]:
+    """The runs of ``submit-batch``'s FILE (``-``: stdin): a JSON array or JSON lines.
+
+    Exits 2 (usage) if the file cannot be read or is neither; each item is sent as it
+    is (the server checks each one).
+    """
+    try:
+        raw = sys.stdin.read() if path == "-" else Path(path).read_text()
+    except OSError as exc:
+        fail(f"FILE: cannot read {path!r}: {exc.strerror}")
+    stripped = raw.strip()
+    try:
+        if stripped.startswith("["):
+            return list(json.loads(stripped))
+        return [json.loads(line) for line in stripped.splitlines() if line.strip()]
+    except ValueError as exc:
+        fail(f"FILE is neither a JSON array nor JSON lines: {exc}")
+
+
+@runs_app.command("submit-batch")
+def runs_submit_batch(
+    file: Annotated[
+        str, typer.Argument(help="JSON array or JSON lines of POST /runs bodies; - is stdin")
+    ],
+    output: OUTPUT = Output.TABLE,
+    url: URL = DEFAULT_URL,
+    tok: TOKEN = None,
+) -> None:
+    """Submit many runs in one request (POST /runs:batch); exit 1 if any item failed."""
+    items = read_batch_file(file)
+    if not items:
+        fail("FILE holds no runs")
+    with api_client(url, tok) as c:
+        answer = c.submit_batch(items)
+    if output is Output.JSON:
+        emit(answer, output)
+    else:
+        rows = [
+            {
+                "index": r.index,
+                "status": r.status,
+                "run_id": None if r.run is None else r.run.run_id,
+                "code": None if r.problem is None else r.problem.get("code"),
+                "detail": None if r.problem is None else r.problem.get("detail"),
+            }
+            for r in answer.results
+        ]
+        emit(rows, output, columns=BATCH_COLUMNS)
+        note(f"{answer.created} created, {answer.failed} failed of {len(answer.results)}")
+    if answer.failed:
+        raise typer.Exit(ExitCode.FAILED)
 
 
 @runs_app.command("execute")

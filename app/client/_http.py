@@ -262,6 +262,11 @@ def submit_call(
     return Call("POST", "/runs", body=body)
 
 
+def submit_batch_call(runs: Sequence[Mapping[str, Any]]) -> Call:
+    """``POST /runs:batch``: each item a ``POST /runs`` body (``workflow``, ``input``, …)."""
+    return Call("POST", "/runs:batch", body={"runs": [dict(r) for r in runs]})
+
+
 def result_call(run_id: str | uuid.UUID, wait: float, timeout: float) -> Call:
     """``GET /runs/{run_id}/result?wait=S``; the request may take ``wait`` + ``timeout``."""
     wait = min(max(wait, 0.0), MAX_SERVER_WAIT)

@@ -342,6 +342,28 @@ class Batch(_Model):
     finished_at: datetime | None = None
 
 
+class SubmittedItem(_Model):
+    """One item's outcome in :class:`SubmittedBatch` (``POST /runs:batch``).
+
+    ``status`` is what ``POST /runs`` would have answered for the item alone: 201 new
+    run, 200 identical idempotent retry (``run`` set), else a 4xx with ``problem`` (the
+    problem+json members: ``code``, ``detail``, …).
+    """
+
+    index: int
+    status: int
+    run: Run | None = None
+    problem: dict[str, Any] | None = None
+
+
+class SubmittedBatch(_Model):
+    """``POST /runs:batch``'s answer: one :class:`SubmittedItem` per run, request order."""
+
+    results: list[SubmittedItem]
+    created: int
+    failed: int
+
+
 class BatchPage(_Model):
     """One page of ``GET /batches``, newest first."""
 

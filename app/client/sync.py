@@ -42,6 +42,7 @@ from app.client.models import (
     RunResult,
     SignalAccepted,
     StepPage,
+    SubmittedBatch,
     Webhook,
     WebhookDeliveryPage,
     WebhookList,
@@ -202,6 +203,23 @@ class TreadleClient:
             labels=labels,
         )
         return self._model(call, Run)
+
+    def submit_batch(self, runs: Sequence[Mapping[str, Any]]) -> SubmittedBatch:
+        """Submit many runs in one request and transaction (``POST /runs:batch``).
+
+        Args:
+            runs: 1..1,000 ``POST /runs`` bodies (``{"workflow": …, "input": …,
+                "idempotency_key": …}``, the same fields as :meth:`submit`).
+
+        Returns:
+            Per-item results in request order; failed items (``status`` ≥ 400) carry their
+            problem and do not stop the others (docs/api.md, "Submitting many runs").
+
+        Raises:
+            TreadleAPIError: the request as a whole was refused (422 empty or over the
+                limit, 413 body too large, 401/403).
+        """
+        return self._model(_http.submit_batch_call(runs), SubmittedBatch)
 
     def get(self, run_id: RunId) -> Run:
         """The run's snapshot (``GET /runs/{run_id}``); 404 ``run_not_found`` if not visible."""

@@ -159,6 +159,16 @@ class WebhookTargetRefused(InvalidInput):
     code = "webhook_target_refused"
 
 
+class InvalidRequest(InvalidInput):
+    """One item of a batch request does not match the API schema (422, per item).
+
+    The item-level twin of the request-level ``invalid_request`` problem: ``POST
+    /runs:batch`` checks each item separately so one bad item fails alone.
+    """
+
+    code = "invalid_request"
+
+
 class BadRequest(TreadleError):
     """The request itself is malformed: bad JSON, a bad page token (400)."""
 

@@ -211,6 +211,14 @@ class Settings(BaseSettings):
     max_payload_bytes: int = Field(
         default=1_048_576, ge=1024, le=64 * 1_048_576, description="Ceiling on one JSON payload."
     )
+    max_batch_runs: int = Field(
+        default=1000,
+        ge=1,
+        le=10_000,
+        description="Most runs one `POST /runs:batch` may submit; more is 422 for the whole "
+        "request (the body also stays under the request body ceiling, "
+        "TREADLE_MAX_PAYLOAD_BYTES plus 64 KiB).",
+    )
     max_header_bytes: int = Field(
         default=65_536,
         ge=4096,

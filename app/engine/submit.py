@@ -5,11 +5,13 @@ from __future__ import annotations
 import hashlib
 import time
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import jsonschema
 from sqlalchemy import RowMapping
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
@@ -17,6 +19,7 @@ from app.core.errors import (
     ConcurrencyKeyBusy,
     IdempotencyConflict,
     InvalidInput,
+    TreadleError,
     WorkflowNotFound,
 )
 from app.core.ids import new_run_id
@@ -97,6 +100,35 @@ class SubmitRequest:
     def matches(self, stored: str | None) -> bool:
         """Whether a run's stored ``request_hash`` is this request's (either algorithm)."""
         return stored is not None and stored in (self.fingerprint(), self.legacy_fingerprint())
+
+
+@dataclass(frozen=True, slots=True)
+class BatchResult:
+    """One item's outcome in :meth:`Submitter.submit_batch` (results keep request order).
+
+    Exactly one of ``row`` and ``error`` is set. ``created`` is True for a new run (201),
+    False for an idempotent replay (200, the existing run); ``error`` is the domain error
+    the item would have raised from ``POST /runs`` (its problem status and code).
+    """
+
+    row: RowMapping | None = None
+    created: bool = False
+    error: TreadleError | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class _Prepared:
+    index: int
+    request: SubmitRequest
+    input_text: str
+    version: str
+    definition: _Definition
+    fingerprint: str
+
+
+# A batch whose multi-row INSERT met an idempotency key a concurrent submit took meanwhile
+# is rolled back and run again (the retry reads the twin first): this many attempts.
+_BATCH_ATTEMPTS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -291,6 +323,199 @@ class Submitter:
 
         return await self.db.write_retrying(insert, what="submit")
 
+    async def submit_batch(
+        self,
+        items: Sequence[SubmitRequest | TreadleError],
+        *,
+        tenant_id: str,
+        subject: str,
+        api_key_id: uuid.UUID | None = None,
+        trace: TraceContext | None = None,
+    ) -> list[BatchResult]:
+        """Submit many runs in one transaction; one :class:`BatchResult` per item, in order.
+
+        Each item follows :meth:`submit`'s rules (validation, idempotency, concurrency-key
+        admission); an item given as a :class:`TreadleError` (its body failed the API's
+        schema) is reported as it is. Items that fail (unknown workflow, invalid input,
+        idempotency key reused differently, busy concurrency key) are reported and do
+        not abort the others; the accepted items commit together or not at all
+        (docs/api.md, "Submitting many runs"). An idempotency key repeated inside the
+        batch is one request: the same body again returns the first item's run
+        (``created`` False), a different body is :class:`IdempotencyConflict`.
+
+        Runs without a concurrency key are written as multi-row INSERTs (runs, labels,
+        ``run_submitted`` events); keyed runs are admitted one by one under their key's
+        lock, each in a savepoint. Workers are woken by one NOTIFY for the whole batch.
+
+        Raises:
+            sqlalchemy.exc.SQLAlchemyError: the database failed (nothing was written).
+        """
+        results: list[BatchResult | None] = [None] * len(items)
+        prepared: list[_Prepared] = []
+        leaders: dict[str, _Prepared] = {}
+        followers: list[tuple[_Prepared, _Prepared]] = []
+        for index, item in enumerate(items):
+            if isinstance(item, TreadleError):
+                results[index] = BatchResult(error=item)
+                continue
+            try:
+                input_text, version = await self.prepare(item)
+                definition = await self._definition(item.workflow, version)
+            except TreadleError as exc:
+                results[index] = BatchResult(error=exc)
+                continue
+            entry = _Prepared(index, item, input_text, version, definition, item.fingerprint())
+            key = item.idempotency_key
+            if key is not None and key in leaders:
+                followers.append((entry, leaders[key]))
+                continue
+            if key is not None:
+                leaders[key] = entry
+            prepared.append(entry)
+
+        async def write(conn: AsyncConnection) -> dict[int, BatchResult]:
+            return await self._write_batch(
+                conn,
+                prepared,
+                tenant_id=tenant_id,
+                subject=subject,
+                api_key_id=api_key_id,
+                trace=trace,
+            )
+
+        written: dict[int, BatchResult] = {}
+        for attempt in range(1, _BATCH_ATTEMPTS + 1):
+            if not prepared:
+                break
+            try:
+                written = await self.db.write_retrying(write, what="submit batch")
+                break
+            except IntegrityError:
+                # A concurrent submit took one of the keys after our read (the batch
+                # rolled back whole); the next attempt finds that twin first.
+                if attempt == _BATCH_ATTEMPTS:
+                    raise
+        for index, result in written.items():
+            results[index] = result
+        for entry, leader in followers:
+            lead = results[leader.index]
+            assert lead is not None
+            if entry.fingerprint != leader.fingerprint:
+                run_id = None if lead.row is None else str(lead.row["run_id"])
+                results[entry.index] = BatchResult(
+                    error=IdempotencyConflict(
+                        f"idempotency key {entry.request.idempotency_key!r} was already used "
+                        f"for a different request (item {leader.index} of this batch)",
+                        **({} if run_id is None else {"run_id": run_id}),
+                    )
+                )
+            elif lead.row is not None:
+                results[entry.index] = BatchResult(row=lead.row, created=False)
+            else:
+                results[entry.index] = BatchResult(error=lead.error)
+        return [r if r is not None else BatchResult(error=TreadleError("lost")) for r in results]
+
+    async def _write_batch(
+        self,
+        conn: AsyncConnection,
+        prepared: Sequence[_Prepared],
+        *,
+        tenant_id: str,
+        subject: str,
+        api_key_id: uuid.UUID | None,
+        trace: TraceContext | None,
+    ) -> dict[int, BatchResult]:
+        # One transaction: idempotency twins first (one read), keyed runs one by one in
+        # savepoints, the rest as multi-row INSERTs grouped by delay, then one NOTIFY.
+        out: dict[int, BatchResult] = {}
+        keys = [p.request.idempotency_key for p in prepared if p.request.idempotency_key]
+        existing = await submits_q.get_by_idempotency_keys(conn, tenant_id, keys)
+        groups: dict[float | None, list[_Prepared]] = {}
+        created_any = False
+        for p in prepared:
+            key = p.request.idempotency_key
+            if key is not None and key in existing:
+                try:
+                    twin = _twin(existing[key], p.request, p.fingerprint, subject=subject)
+                    out[p.index] = BatchResult(row=twin, created=False)
+                except IdempotencyConflict as exc:
+                    out[p.index] = BatchResult(error=exc)
+                continue
+            if p.request.concurrency_key is None:
+                groups.setdefault(p.request.delay or None, []).append(p)
+                continue
+            try:
+                async with conn.begin_nested():
+                    row, created = await insert_prepared(
+                        conn,
+                        p.request,
+                        p.input_text,
+                        p.version,
+                        tenant_id=tenant_id,
+                        subject=subject,
+                        api_key_id=api_key_id,
+                        access=p.definition.access,
+                        queue=p.definition.queue,
+                        trace=trace,
+                        wake=False,
+                    )
+            except TreadleError as exc:
+                out[p.index] = BatchResult(error=exc)
+                continue
+            created_any = created_any or created
+            out[p.index] = BatchResult(row=row, created=created)
+        label_rows: list[dict[str, Any]] = []
+        event_rows: list[dict[str, Any]] = []
+        for delay, group in groups.items():
+            rows = await submits_q.insert_runs(
+                conn,
+                [
+                    {
+                        "run_id": new_run_id(),
+                        "tenant_id": tenant_id,
+                        "workflow": p.request.workflow,
+                        "version": p.version,
+                        "status": RunStatus.QUEUED.value,
+                        "input": p.input_text,
+                        "idempotency_key": p.request.idempotency_key,
+                        "request_hash": p.fingerprint,
+                        "concurrency_key": None,
+                        "created_by": subject,
+                        "api_key_id": api_key_id,
+                        "access": p.definition.access,
+                        "parent_run_id": None,
+                        "priority": p.request.priority,
+                        "labels": labels_q.encode(p.request.labels),
+                        "trace_parent": None if trace is None else trace.traceparent,
+                        "trace_state": None if trace is None else trace.tracestate,
+                    }
+                    for p in group
+                ],
+                delay=delay,
+            )
+            for p, row in zip(group, rows, strict=True):
+                out[p.index] = BatchResult(row=row, created=True)
+                created_any = True
+                label_rows.extend(
+                    {"run_id": row["run_id"], "tenant_id": tenant_id, "key": k, "value": v}
+                    for k, v in p.request.labels.items()
+                )
+                event_rows.append(
+                    {
+                        "run_id": row["run_id"],
+                        "tenant_id": tenant_id,
+                        "actor": subject,
+                        "data": json.dumps(
+                            _submitted_data(p.request, p.version, parent_run_id=None, slot=None)
+                        ),
+                    }
+                )
+        await submits_q.insert_labels_many(conn, label_rows)
+        await submits_q.append_submitted(conn, event_rows)
+        if created_any:
+            await notify(conn)
+        return out
+
     async def _submit_one_statement(
         self,
         request: SubmitRequest,
@@ -350,11 +575,13 @@ async def insert_prepared(
     access: str = "tenant",
     queue: QueueControls | None = None,
     trace: TraceContext | None = None,
+    wake: bool = True,
 ) -> tuple[RowMapping, bool]:
     """Insert a prepared run inside the caller's transaction (idempotency included).
 
     ``trace`` is the W3C trace context stored with the run (its executions are traced
-    as its children: :func:`app.core.tracing.execution_span`).
+    as its children: :func:`app.core.tracing.execution_span`). ``wake=False`` leaves the
+    NOTIFY to the caller (a batch notifies once: :meth:`Submitter.submit_batch`).
 
     A run with a concurrency key is admitted to one of the key's slots under the key's
     lock (:func:`app.engine.slots.acquire`, ``queue`` = the definition's controls,
@@ -440,7 +667,8 @@ async def insert_prepared(
         actor=subject,
         data=_submitted_data(request, version, parent_run_id=parent_run_id, slot=slot),
     )
-    await notify(conn)
+    if wake:
+        await notify(conn)
     return row, True
 
 
@@ -464,6 +692,14 @@ async def _replay(
     existing = await runs_q.get_by_idempotency_key(conn, tenant_id, request.idempotency_key)
     if existing is None:  # pragma: no cover - the conflicting row cannot vanish
         raise IdempotencyConflict("idempotency key conflict; retry the request")
+    return _twin(existing, request, fingerprint, subject=subject), False
+
+
+def _twin(
+    existing: RowMapping, request: SubmitRequest, fingerprint: str, *, subject: str
+) -> RowMapping:
+    # The run holding the request's idempotency key: itself for an identical request,
+    # else IdempotencyConflict (also for another subject's owner-policy run).
     if existing["access"] == "owner" and existing["created_by"] != subject:
         # The key namespace is the tenant's, but the run is the owner's: refuse without
         # naming it, exactly as for a different request.
@@ -476,4 +712,4 @@ async def _replay(
             "different request (workflow, version, input or options differ)",
             run_id=str(existing["run_id"]),
         )
-    return existing, False
+    return existing

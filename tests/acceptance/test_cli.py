@@ -132,6 +132,41 @@ def test_list_paging_flags(stack: Stack) -> None:
     assert sum(run_id in table.stdout for run_id in ids) == 2
 
 
+def test_submit_batch_from_json_lines_and_arrays(stack: Stack, tmp_path: Path) -> None:
+    stack.start_worker()  # registers acc-echo
+    env = _env(stack)
+    lines = tmp_path / "runs.jsonl"
+    lines.write_text(
+        '{"workflow": "acc-echo", "input": {"value": 1}, "idempotency_key": "cli-b1"}\n'
+        "\n"
+        '{"workflow": "acc-echo", "input": {"value": 2}}\n'
+    )
+    ok = cli_run(env, "runs", "submit-batch", str(lines), "-o", "json")
+    assert ok.returncode == 0, ok.stderr
+    answer = json.loads(ok.stdout)
+    assert [r["status"] for r in answer["results"]] == [201, 201]
+    first = answer["results"][0]["run"]["run_id"]
+
+    array = tmp_path / "runs.json"
+    array.write_text(
+        json.dumps(
+            [
+                {"workflow": "acc-echo", "input": {"value": 1}, "idempotency_key": "cli-b1"},
+                {"workflow": "acc-nope"},
+            ]
+        )
+    )
+    partial = cli_run(env, "runs", "submit-batch", str(array))
+    assert partial.returncode == 1, partial.stdout + partial.stderr  # one item failed
+    assert first in partial.stdout and "workflow_not_found" in partial.stdout
+    assert "0 created, 1 failed of 2" in partial.stderr
+
+    bad = tmp_path / "bad.json"
+    bad.write_text("{oops")
+    usage = cli_run(env, "runs", "submit-batch", str(bad))
+    assert usage.returncode == 2 and "neither a JSON array nor JSON lines" in usage.stderr
+
+
 def test_error_answers_and_unreachable_servers_are_one_line(stack: Stack) -> None:
     env = _env(stack)
     # Quoted ids: "?" and "#" stay in the id, which reaches the run route (run_not_found).

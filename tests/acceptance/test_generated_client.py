@@ -101,3 +101,40 @@ def test_generated_client_completes_a_run(stack: Stack, client_package: str) -> 
         missing = get_run.sync(str(uuid.uuid4()), client=api)
         assert isinstance(missing, models.Problem)
         assert (missing.status, missing.code) == (404, "run_not_found")
+
+
+@pytest.mark.parametrize("database_url", ["sqlite"], indirect=True)
+def test_generated_client_submits_a_batch(stack: Stack, client_package: str) -> None:
+    stack.start_worker()
+    client_mod = _module("client")
+    models = _module("models")
+    submit_runs_batch = _module("api.runs.submit_runs_batch")
+    get_run_result = _module("api.runs.get_run_result")
+
+    with client_mod.AuthenticatedClient(base_url=stack.url, token=token()) as api:
+        body = models.SubmitBatchRequest(
+            runs=[
+                models.SubmitRunRequest(
+                    workflow="acc-echo", input_={"value": 1}, idempotency_key="sdk-b1"
+                ),
+                models.SubmitRunRequest(
+                    workflow="acc-echo", input_={"value": 1}, idempotency_key="sdk-b1"
+                ),
+                models.SubmitRunRequest(workflow="acc-nope", input_={}),
+            ]
+        )
+        answer = submit_runs_batch.sync_detailed(client=api, body=body)
+        assert answer.status_code == 207
+        parsed = answer.parsed
+        assert isinstance(parsed, models.SubmitBatchResponse)
+        assert [r.status for r in parsed.results] == [201, 200, 404]
+        assert (parsed.created, parsed.failed) == (1, 1)
+        first, second, third = parsed.results
+        assert isinstance(first.run, models.Run)
+        assert second.run.run_id == first.run.run_id
+        assert isinstance(third.problem, models.Problem)
+        assert third.problem.code == "workflow_not_found"
+
+        result = get_run_result.sync(str(first.run.run_id), client=api, wait=30)
+        assert isinstance(result, models.RunResult)
+        assert (result.done, result.output) == (True, 1)

@@ -20,12 +20,26 @@ Runs with a concurrency key, child runs and SQLite keep the multi-statement tran
 from __future__ import annotations
 
 import uuid
+from collections.abc import Sequence
+from typing import Any
 
-from sqlalchemy import Double, Integer, RowMapping, String, Text, Uuid, bindparam, text
+from sqlalchemy import (
+    Double,
+    Integer,
+    RowMapping,
+    String,
+    Text,
+    Uuid,
+    bindparam,
+    insert,
+    select,
+    text,
+)
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.status import EventKind, RunStatus
-from app.db.tables import runs
+from app.db.dialect import now_expr, now_plus
+from app.db.tables import events, run_labels, runs
 
 _RUN_COLUMNS = ", ".join(c.name for c in runs.c)
 
@@ -134,3 +148,73 @@ async def submit_run(
         },
     )
     return result.mappings().first()
+
+
+# --- Many runs at once (``POST /runs:batch``, docs/api.md "Submitting many runs") ---
+
+
+async def get_by_idempotency_keys(
+    conn: AsyncConnection, tenant_id: str, keys: Sequence[str]
+) -> dict[str, RowMapping]:
+    """The tenant's runs submitted with any of ``keys``, by key (absent keys left out).
+
+    Read in chunks of 500 keys so the ``IN`` list stays well under SQLite's 32,766 bound
+    parameters and PostgreSQL's 65,535.
+    """
+    found: dict[str, RowMapping] = {}
+    for start in range(0, len(keys), 500):
+        chunk = list(keys[start : start + 500])
+        result = await conn.execute(
+            select(runs).where(runs.c.tenant_id == tenant_id, runs.c.idempotency_key.in_(chunk))
+        )
+        for row in result.mappings():
+            found[str(row["idempotency_key"])] = row
+    return found
+
+
+async def insert_runs(
+    conn: AsyncConnection, rows: Sequence[dict[str, Any]], *, delay: float | None
+) -> list[RowMapping]:
+    """Insert ``queued`` runs sharing one ``delay`` as multi-row INSERTs; rows in order.
+
+    ``rows`` are ``runs`` column values (the same keys in every row) without the
+    timestamps: ``created_at``/``updated_at`` are the database clock and ``available_at``
+    that plus ``delay`` seconds, as :func:`app.db.queries.runs.insert_run` sets them.
+    SQLAlchemy's "insertmanyvalues" sends them as a few multi-row ``INSERT … RETURNING``
+    statements and, with ``sort_by_parameter_order``, returns the rows in ``rows`` order.
+
+    Raises:
+        IntegrityError: an idempotency key was taken meanwhile by a concurrent submit (no
+            ``ON CONFLICT`` here: the caller's transaction is rolled back and retried, and
+            the retry finds the twin first).
+    """
+    if not rows:
+        return []
+    dialect = conn.dialect.name
+    now = now_expr(dialect)
+    start = now_plus(dialect, float(delay)) if delay else now
+    stmt = (
+        insert(runs)
+        .values(created_at=now, updated_at=now, available_at=start)
+        .returning(*runs.c, sort_by_parameter_order=True)
+    )
+    result = await conn.execute(stmt, list(rows))
+    return list(result.mappings())
+
+
+async def append_submitted(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+    """Append ``run_submitted`` events stamped with the database clock, multi-row.
+
+    Each row holds ``run_id``, ``tenant_id``, ``actor`` and ``data`` (JSON text).
+    """
+    if rows:
+        stmt = insert(events).values(
+            at=now_expr(conn.dialect.name), kind=EventKind.RUN_SUBMITTED.value, step_id=None
+        )
+        await conn.execute(stmt, list(rows))
+
+
+async def insert_labels_many(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
+    """Index new runs' labels (``run_id``, ``tenant_id``, ``key``, ``value`` rows)."""
+    if rows:
+        await conn.execute(insert(run_labels), list(rows))

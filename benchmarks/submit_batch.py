@@ -1,0 +1,104 @@
+"""``POST /runs:batch`` runs/s on ``treadle serve`` (PostgreSQL) for batches of 100 and 1,000.
+
+Usage::
+
+    uv run python -m benchmarks.submit_batch --seconds 10 --connections 2
+
+One uvicorn process on 127.0.0.1 against a fresh database (:func:`benchmarks.http_api.
+serving_treadle`: the one-step workflow registered, a dev-mode ``runs:write`` token).
+``--connections`` closed-loop clients each send batches of ``size`` runs, every run with
+its own idempotency key (the keyed path reads twins first), for ``--seconds`` per size.
+Prints and saves runs/s (created runs over wall time) and the p50/p99 request latency;
+any non-207 answer or failed item is counted and flags the result. The issue's bar
+(#18) is 5,000 runs/s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+import uuid
+from typing import Any
+
+import httpx
+
+from benchmarks.common import RESULTS, percentile
+from benchmarks.http_api import serving_treadle
+
+WORKFLOW = "bench-steps"
+
+
+async def _load(
+    url: str, token: str, size: int, seconds: float, connections: int
+) -> dict[str, Any]:
+    created = failed = errors = 0
+    latencies: list[float] = []
+    deadline = time.monotonic() + seconds
+
+    async def client() -> None:
+        nonlocal created, failed, errors
+        async with httpx.AsyncClient(
+            headers={"Authorization": f"Bearer {token}"}, timeout=120
+        ) as http:
+            while time.monotonic() < deadline:
+                prefix = uuid.uuid4().hex
+                body = {
+                    "runs": [
+                        {
+                            "workflow": WORKFLOW,
+                            "input": {"steps": 1},
+                            "idempotency_key": f"{prefix}-{i}",
+                        }
+                        for i in range(size)
+                    ]
+                }
+                began = time.perf_counter()
+                resp = await http.post(url, json=body)
+                latencies.append(time.perf_counter() - began)
+                if resp.status_code != 207:
+                    errors += 1
+                    continue
+                answer = resp.json()
+                created += answer["created"]
+                failed += answer["failed"]
+
+    began = time.monotonic()
+    await asyncio.gather(*(client() for _ in range(connections)))
+    elapsed = time.monotonic() - began
+    return {
+        "batch_size": size,
+        "requests": len(latencies),
+        "runs_created": created,
+        "runs_per_second": round(created / elapsed, 1),
+        "p50_ms": round(percentile(latencies, 0.5) * 1000, 1),
+        "p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+        "failed_items": failed,
+        "non_207": errors,
+        "flagged": bool(failed or errors),
+    }
+
+
+def measure(seconds: float, connections: int, sizes: list[int]) -> dict[str, Any]:
+    """runs/s per batch size on one server (a fresh database per run of this script)."""
+    with serving_treadle() as (port, token, _pid):
+        url = f"http://127.0.0.1:{port}/runs:batch"
+        results = [asyncio.run(_load(url, token, size, seconds, connections)) for size in sizes]
+    return {"seconds": seconds, "connections": connections, "results": results}
+
+
+def main() -> None:
+    """Parse arguments, measure, print and save (benchmarks/results/submit_batch.json)."""
+    parser = argparse.ArgumentParser(description="POST /runs:batch runs/s")
+    parser.add_argument("--seconds", type=float, default=10)
+    parser.add_argument("--connections", type=int, default=2)
+    parser.add_argument("--sizes", type=int, nargs="+", default=[100, 1000])
+    args = parser.parse_args()
+    result = measure(args.seconds, args.connections, args.sizes)
+    print(json.dumps(result, indent=2))
+    (RESULTS / "submit_batch.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,243 @@
+"""``POST /runs:batch`` on both databases: per-item results, idempotency, atomicity.
+
+One transaction for the accepted items (docs/api.md, "Submitting many runs"): failed items
+are reported beside them, and a database failure mid-batch writes nothing at all.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import func, select
+
+from app.api.app import create_app
+from app.auth.dev import DevTokens
+from app.auth.principal import Scope
+from app.core.settings import Settings
+from app.db.database import Database
+from app.db.queries import submits as submits_q
+from app.db.tables import events, run_labels, runs
+from app.engine.registry import Registry
+from app.sdk import WorkflowContext, workflow
+from tests.conftest import DEV_SECRET
+from tests.integration import support
+
+TENANT = "batch"
+OTHER = "batch-other"
+
+
+class Job(BaseModel):
+    key: str
+
+
+@workflow("sb-job")
+async def job(ctx: WorkflowContext, job: Job) -> Any:
+    return job.key
+
+
+@workflow("sb-one", key_limit=1)
+async def one(ctx: WorkflowContext, job: Job) -> Any:
+    return job.key
+
+
+REGISTRY = Registry([job, one])
+
+
+async def registered(db: Database) -> None:
+    async with db.write() as conn:
+        await REGISTRY.register(conn)
+
+
+async def count(db: Database, table: Any, *where: Any) -> int:
+    async with db.read() as conn:
+        found = await conn.execute(select(func.count()).select_from(table).where(*where))
+        return int(found.scalar_one())
+
+
+def item(key: str = "k", **extra: Any) -> dict[str, Any]:
+    return {"workflow": "sb-job", "input": {"key": key}, **extra}
+
+
+async def batch(client: httpx.AsyncClient, items: Sequence[Any]) -> list[dict[str, Any]]:
+    resp = await client.post("/runs:batch", json={"runs": list(items)})
+    assert resp.status_code == 207, resp.text
+    body = resp.json()
+    results: list[dict[str, Any]] = body["results"]
+    assert [r["index"] for r in results] == list(range(len(items)))
+    assert body["created"] == sum(r["status"] == 201 for r in results)
+    assert body["failed"] == sum(r["status"] >= 400 for r in results)
+    return results
+
+
+async def test_mixed_items_each_get_their_own_status(settings: Settings, db: Database) -> None:
+    await registered(db)
+    async with support.api_client(settings, db, TENANT) as client:
+        results = await batch(
+            client,
+            [
+                item("a"),  # 0: new
+                item("b", idempotency_key="dup"),  # 1: new, keyed
+                item("b", idempotency_key="dup"),  # 2: same key, same body: 1's run
+                item("c", idempotency_key="dup"),  # 3: same key, other body: 409
+                {"workflow": "sb-nope", "input": {"key": "x"}},  # 4: unknown workflow
+                {"workflow": "sb-job", "input": {"nokey": 1}},  # 5: input schema
+                7,  # 6: not an object
+                item("d", priority="high"),  # 7: a field of the wrong type
+                item("nul\u0000inside"),  # 8: NUL inside the input is just data
+                {"workflow": "sb\u0000job", "input": {"key": "x"}},  # 9: NUL in a name
+                item("e", labels={"customer": "42"}),  # 10: labelled
+                {"workflow": "sb-one", "input": {"key": "x"}, "concurrency_key": "c1"},  # 11
+                {"workflow": "sb-one", "input": {"key": "y"}, "concurrency_key": "c1"},  # 12
+                item("f", delay=3600),  # 13: delayed (its own INSERT group)
+            ],
+        )
+        statuses = [r["status"] for r in results]
+        assert statuses == [201, 201, 200, 409, 404, 422, 422, 422, 201, 422, 201, 201, 409, 201]
+        assert results[2]["run"]["run_id"] == results[1]["run"]["run_id"]
+        assert results[3]["problem"]["code"] == "idempotency_key_reused"
+        assert results[3]["problem"]["run_id"] == results[1]["run"]["run_id"]
+        assert results[4]["problem"]["code"] == "workflow_not_found"
+        assert results[5]["problem"]["errors"][0]["path"] == "$"
+        assert results[6]["problem"]["code"] == "invalid_request"
+        assert results[7]["problem"]["errors"][0]["path"] == "body.runs.7.priority"
+        assert results[9]["problem"]["code"] == "invalid_request"
+        assert results[12]["problem"]["code"] == "concurrency_key_busy"
+        assert results[12]["problem"]["active_run_id"] == results[11]["run"]["run_id"]
+        for r in results:
+            assert (r["run"] is None) == (r["status"] >= 400)
+            assert (r["problem"] is None) == (r["status"] < 400)
+            if r["problem"] is not None:
+                assert r["problem"]["status"] == r["status"]
+                assert r["problem"]["type"] == f"urn:treadle:problem:{r['problem']['code']}"
+
+        nul = await client.get(f"/runs/{results[8]['run']['run_id']}")
+        assert nul.json()["input"] == {"key": "nul\u0000inside"}
+        labelled = await client.get("/runs", params={"label.customer": "42"})
+        assert [r["run_id"] for r in labelled.json()["items"]] == [results[10]["run"]["run_id"]]
+        assert results[11]["run"]["concurrency_slot"] == 1
+        assert results[13]["run"]["status"] == "queued"
+
+    created = {r["run"]["run_id"] for r in results if r["status"] == 201}
+    assert await count(db, runs, runs.c.tenant_id == TENANT) == len(created) == 6
+    # One run_submitted event per new run, none for the replay.
+    assert await count(db, events, events.c.kind == "run_submitted") == 6
+    assert await count(db, run_labels, run_labels.c.tenant_id == TENANT) == 1
+
+
+async def test_idempotency_against_stored_runs_and_tenants(
+    settings: Settings, db: Database
+) -> None:
+    await registered(db)
+    async with (
+        support.api_client(settings, db, TENANT) as client,
+        support.api_client(settings, db, OTHER) as other,
+    ):
+        single = await client.post("/runs", json=item("a", idempotency_key="K"))
+        assert single.status_code == 201, single.text
+        results = await batch(
+            client, [item("a", idempotency_key="K"), item("z", idempotency_key="K2")]
+        )
+        assert [r["status"] for r in results] == [200, 201]
+        assert results[0]["run"]["run_id"] == single.json()["run_id"]
+        # Another tenant's key is not visible: the same key is a new run there.
+        theirs = await batch(other, [item("a", idempotency_key="K")])
+        assert theirs[0]["status"] == 201
+        assert theirs[0]["run"]["run_id"] != single.json()["run_id"]
+        # A different body under a stored key is 409, without aborting its neighbour.
+        clash = await batch(client, [item("b", idempotency_key="K"), item("c")])
+        assert [r["status"] for r in clash] == [409, 201]
+        assert clash[0]["problem"]["code"] == "idempotency_key_reused"
+        # POST /runs sees batch-made keys too.
+        again = await client.post("/runs", json=item("z", idempotency_key="K2"))
+        assert again.status_code == 200
+        assert again.json()["run_id"] == results[1]["run"]["run_id"]
+
+
+async def test_all_items_failing_write_nothing(settings: Settings, db: Database) -> None:
+    await registered(db)
+    async with support.api_client(settings, db, TENANT) as client:
+        results = await batch(client, [{"workflow": "sb-nope"}, [], item(key=5)])  # type: ignore[arg-type]
+        assert [r["status"] for r in results] == [404, 422, 422]
+    assert await count(db, runs) == 0
+    assert await count(db, events) == 0
+
+
+async def test_whole_request_errors(settings: Settings, db: Database) -> None:
+    await registered(db)
+    async with support.api_client(settings, db, TENANT) as client:
+        empty = await client.post("/runs:batch", json={"runs": []})
+        assert empty.status_code == 422, empty.text
+        over = await client.post("/runs:batch", json={"runs": [item()] * 1001})
+        assert over.status_code == 422, over.text
+        assert over.json()["limit"] == settings.max_batch_runs == 1000
+        for body in ([item()], {"runs": item()}, {"runs": [item()], "extra": 1}, {}):
+            resp = await client.post("/runs:batch", json=body)
+            assert resp.status_code == 422, (body, resp.text)
+        bad = await client.post(
+            "/runs:batch", content=b'{"runs": [', headers={"content-type": "application/json"}
+        )
+        assert bad.status_code == 400
+        assert bad.json()["code"] == "malformed_json"
+    app = create_app(settings, db=db, check_schema_on_start=False)
+    token = DevTokens(DEV_SECRET).mint(tenant_id=TENANT, subject="r", scopes=[Scope.RUNS_READ])
+    async with httpx.AsyncClient(
+        transport=httpx.ASGITransport(app=app),
+        base_url="http://test",
+        headers={"Authorization": f"Bearer {token}"},
+    ) as reader:
+        refused = await reader.post("/runs:batch", json={"runs": [item()]})
+        assert refused.status_code == 403
+        anonymous = await reader.post(
+            "/runs:batch", json={"runs": [item()]}, headers={"Authorization": ""}
+        )
+        assert anonymous.status_code == 401
+    assert await count(db, runs) == 0
+
+
+async def test_a_database_failure_mid_batch_writes_nothing(
+    settings: Settings, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    await registered(db)
+    original = submits_q.insert_labels_many
+
+    async def doubled(conn: Any, rows: Sequence[dict[str, Any]]) -> None:
+        # The same label row twice: a real primary-key violation after the runs and
+        # before the events were written.
+        await original(conn, [*rows, *rows])
+
+    monkeypatch.setattr(submits_q, "insert_labels_many", doubled)
+    async with support.api_client(settings, db, TENANT) as client:
+        resp = await client.post(
+            "/runs:batch",
+            json={
+                "runs": [
+                    item("a"),
+                    item("b", labels={"x": "1"}),
+                    {"workflow": "sb-one", "input": {"key": "x"}, "concurrency_key": "c1"},
+                ]
+            },
+        )
+        assert resp.status_code == 500, resp.text
+    assert await count(db, runs) == 0
+    assert await count(db, events) == 0
+    assert await count(db, run_labels) == 0
+
+
+async def test_a_thousand_runs_in_one_request(settings: Settings, db: Database) -> None:
+    await registered(db)
+    async with support.api_client(settings, db, TENANT) as client:
+        items = [item(str(i), idempotency_key=f"k{i}") for i in range(1000)]
+        results = await batch(client, items)
+        assert {r["status"] for r in results} == {201}
+        assert [r["run"]["input"]["key"] for r in results] == [str(i) for i in range(1000)]
+        assert len({r["run"]["run_id"] for r in results}) == 1000
+        replay = await batch(client, items)
+        assert [r["run"]["run_id"] for r in replay] == [r["run"]["run_id"] for r in results]
+        assert {r["status"] for r in replay} == {200}
+    assert await count(db, runs) == 1000
+    assert uuid.UUID(results[0]["run"]["run_id"])
