@@ -227,9 +227,7 @@ async def test_0022_backfills_tenant_and_keeps_children(database_url: str) -> No
                 "VALUES (:d, 1, :now, 500)",
             ):
                 used = [p for p in typed if f":{p.key}" in sql]
-                await conn.execute(
-                    text(sql).bindparams(*used), {p.key: ids[p.key] for p in used}
-                )
+                await conn.execute(text(sql).bindparams(*used), {p.key: ids[p.key] for p in used})
         await asyncio.to_thread(command.upgrade, cfg, "head")
         async with db.read() as conn:
             items = (await conn.execute(select(batch_items))).mappings().all()
