@@ -12,6 +12,7 @@ from sqlalchemy import (
     CheckConstraint,
     Column,
     ForeignKey,
+    ForeignKeyConstraint,
     Index,
     Integer,
     MetaData,
@@ -511,7 +512,7 @@ console_sessions = Table(
 batches = Table(
     "batches",
     metadata,
-    Column("batch_id", Uuid, primary_key=True),
+    Column("batch_id", Uuid, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("action", String(16), nullable=False),  # cancel, retry, resume, signal, pause, unpause
     # What was asked: ``{"run_ids": [...]}`` or ``{"filter": {...}}`` (JSON text), and the
@@ -539,7 +540,8 @@ batches = Table(
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
     Column("finished_at", UtcDateTime, nullable=True),
-    Index("ix_batches_tenant_id_batch_id", "tenant_id", "batch_id"),
+    # Tenant-leading (revision 0022, docs/adr/0034-tenant-leading-keys.md).
+    PrimaryKeyConstraint("tenant_id", "batch_id"),
     Index(
         "ix_batches_running",
         "lease_until",
@@ -553,11 +555,19 @@ batches = Table(
 batch_items = Table(
     "batch_items",
     metadata,
-    Column("batch_id", Uuid, ForeignKey("batches.batch_id", ondelete="CASCADE"), nullable=False),
+    # Copied from the batch (revision 0022, docs/adr/0034-tenant-leading-keys.md): the
+    # items live on the batch's shard and the batch's key leads with the tenant.
+    Column("tenant_id", String(128), nullable=False),
+    Column("batch_id", Uuid, nullable=False),
     Column("run_id", Uuid, nullable=False),
     # The outcome once processed (done, skipped:<reason>, failed).
     Column("outcome", String(64), nullable=True),
-    PrimaryKeyConstraint("batch_id", "run_id"),
+    PrimaryKeyConstraint("tenant_id", "batch_id", "run_id"),
+    ForeignKeyConstraint(
+        ["tenant_id", "batch_id"],
+        ["batches.tenant_id", "batches.batch_id"],
+        ondelete="CASCADE",
+    ),
 )
 
 # Lines handler code logged with ctx.logger, kept with their run (docs/adr/0027-run-logs.md).
@@ -594,7 +604,7 @@ run_logs = Table(
 inbound_events = Table(
     "inbound_events",
     metadata,
-    Column("event_id", Uuid, primary_key=True),
+    Column("event_id", Uuid, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("name", String(200), nullable=False),
     Column("data", Text, nullable=False),
@@ -603,11 +613,13 @@ inbound_events = Table(
     Column("sent_by", String(255), nullable=False),
     Column("received_at", UtcDateTime, nullable=False),
     Column("started_run_ids", Text, nullable=False),
+    # Tenant-leading (revision 0022, docs/adr/0034-tenant-leading-keys.md); GET /events
+    # pages newest first on this key.
+    PrimaryKeyConstraint("tenant_id", "event_id"),
     UniqueConstraint("tenant_id", "key"),
     # A wait that starts looks back through the tenant's events of its name (UUIDv7 ids
     # sort by arrival); GET /events lists newest first.
     Index("ix_inbound_events_tenant_id_name_event_id", "tenant_id", "name", "event_id"),
-    Index("ix_inbound_events_tenant_id_event_id", "tenant_id", "event_id"),
 )
 
 # One row per ctx.wait_for_event: the mailbox an event is delivered into. ``status`` is
@@ -636,7 +648,7 @@ event_waits = Table(
 webhook_endpoints = Table(
     "webhook_endpoints",
     metadata,
-    Column("endpoint_id", Uuid, primary_key=True),
+    Column("endpoint_id", Uuid, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("url", String(2048), nullable=False),
     # The terminal run statuses it receives, comma-delimited with a comma at each end
@@ -650,14 +662,15 @@ webhook_endpoints = Table(
     Column("secret", String(100), nullable=False),
     Column("created_by", String(255), nullable=False),
     Column("created_at", UtcDateTime, nullable=False),
-    Index(None, "tenant_id", "endpoint_id"),
+    # Tenant-leading (revision 0022, docs/adr/0034-tenant-leading-keys.md).
+    PrimaryKeyConstraint("tenant_id", "endpoint_id"),
 )
 """Per-tenant targets of outbound webhooks (docs/adr/0030-outbound-webhooks.md)."""
 
 webhook_deliveries = Table(
     "webhook_deliveries",
     metadata,
-    Column("delivery_id", Uuid, primary_key=True),
+    Column("delivery_id", Uuid, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     # No foreign key: a terminal write racing an endpoint's deletion must not fail on it
     # (the run's outcome would be refused). Its rows are deleted with it; a row written by
@@ -680,6 +693,8 @@ webhook_deliveries = Table(
     Column("fence", BigInteger, nullable=False, server_default=text("0")),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
+    # Tenant-leading (revision 0022, docs/adr/0034-tenant-leading-keys.md).
+    PrimaryKeyConstraint("tenant_id", "delivery_id"),
     Index(None, "endpoint_id", "created_at", "delivery_id"),
     # The sender's claim: due pending deliveries only.
     Index(
@@ -694,18 +709,20 @@ webhook_deliveries = Table(
 webhook_attempts = Table(
     "webhook_attempts",
     metadata,
-    Column(
-        "delivery_id",
-        Uuid,
-        ForeignKey("webhook_deliveries.delivery_id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    # Copied from the delivery (revision 0022, docs/adr/0034-tenant-leading-keys.md).
+    Column("tenant_id", String(128), nullable=False),
+    Column("delivery_id", Uuid, nullable=False),
     Column("attempt", Integer, nullable=False),
     Column("started_at", UtcDateTime, nullable=False),
     # None while in flight, or forever if the sender died mid-attempt.
     Column("finished_at", UtcDateTime, nullable=True),
     Column("http_status", Integer, nullable=True),
     Column("error", Text, nullable=True),
-    PrimaryKeyConstraint("delivery_id", "attempt"),
+    PrimaryKeyConstraint("tenant_id", "delivery_id", "attempt"),
+    ForeignKeyConstraint(
+        ["tenant_id", "delivery_id"],
+        ["webhook_deliveries.tenant_id", "webhook_deliveries.delivery_id"],
+        ondelete="CASCADE",
+    ),
 )
 """Each POST of a delivery: when, and the HTTP status or the error."""

@@ -160,7 +160,7 @@ async def create_batch(
             },
         )
         if ids is not None:
-            await batches_q.insert_items(conn, batch_id, ids)
+            await batches_q.insert_items(conn, tenant_id, batch_id, ids)
             matched = len(ids)
         else:
             assert filters is not None

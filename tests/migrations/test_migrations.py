@@ -13,14 +13,15 @@ from pathlib import Path
 import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
-from sqlalchemy import insert, select, text, update
+from sqlalchemy import Uuid, bindparam, insert, select, text, update
 
 from alembic import command
 from app.core.errors import SchemaVersionMismatch
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.migrations import alembic_config, check_schema, head_revision
-from app.db.tables import metadata, runs
+from app.db.tables import batch_items, metadata, runs, webhook_attempts
+from app.db.types import UtcDateTime
 from tests.conftest import DEV_SECRET, _pg_admin, pg_url
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -187,6 +188,64 @@ async def test_0009_gives_active_keyed_runs_slot_one(database_url: str) -> None:
                 update(runs).where(runs.c.run_id == ids["second"]).values(status="cancelled")
             )
         await asyncio.to_thread(command.downgrade, cfg, "0008")
+        await asyncio.to_thread(command.upgrade, cfg, "head")
+        await check_schema(db)
+    finally:
+        await db.dispose()
+
+
+async def test_0022_backfills_tenant_and_keeps_children(database_url: str) -> None:
+    """0021 → 0022 copies each child's tenant from its parent and loses no row (both ways).
+
+    On SQLite a parent's rebuild would cascade-delete its children (foreign_keys=ON), so
+    this also guards the migration's stash of them (docs/adr/0034-tenant-leading-keys.md).
+    """
+    cfg = alembic_config(database_url)
+    await asyncio.to_thread(command.downgrade, cfg, "0021")
+    db = Database(Settings(database_url=database_url, dev_secret=DEV_SECRET))
+    batch, run, delivery, endpoint = (uuid.uuid4() for _ in range(4))
+    now = datetime.now(UTC)
+    typed = [
+        bindparam("b", type_=Uuid),
+        bindparam("r", type_=Uuid),
+        bindparam("d", type_=Uuid),
+        bindparam("e", type_=Uuid),
+        bindparam("now", type_=UtcDateTime),
+    ]
+    ids = {"b": batch, "r": run, "d": delivery, "e": endpoint, "now": now}
+    try:
+        async with db.write() as conn:
+            for sql in (
+                "INSERT INTO batches (batch_id, tenant_id, action, selection, params, "
+                "created_by, state, matched, created_at, updated_at) VALUES "
+                "(:b, 'acme', 'cancel', '{}', '{}', 's', 'running', 1, :now, :now)",
+                "INSERT INTO batch_items (batch_id, run_id, outcome) VALUES (:b, :r, 'done')",
+                "INSERT INTO webhook_deliveries (delivery_id, tenant_id, endpoint_id, run_id, "
+                "workflow, run_status, finished_at, state, created_at, updated_at) VALUES "
+                "(:d, 'acme', :e, :r, 'w', 'completed', :now, 'pending', :now, :now)",
+                "INSERT INTO webhook_attempts (delivery_id, attempt, started_at, http_status) "
+                "VALUES (:d, 1, :now, 500)",
+            ):
+                used = [p for p in typed if f":{p.key}" in sql]
+                await conn.execute(text(sql).bindparams(*used), {p.key: ids[p.key] for p in used})
+        await asyncio.to_thread(command.upgrade, cfg, "head")
+        async with db.read() as conn:
+            items = (await conn.execute(select(batch_items))).mappings().all()
+            attempts = (await conn.execute(select(webhook_attempts))).mappings().all()
+        assert [(i["tenant_id"], i["batch_id"], i["run_id"], i["outcome"]) for i in items] == [
+            ("acme", batch, run, "done")
+        ]
+        assert [(a["tenant_id"], a["delivery_id"], a["http_status"]) for a in attempts] == [
+            ("acme", delivery, 500)
+        ]
+        # The composite foreign keys cascade as the single-column ones did.
+        async with db.write() as conn:
+            await conn.execute(text("DELETE FROM batches"))
+            assert (await conn.execute(select(batch_items))).first() is None
+        await asyncio.to_thread(command.downgrade, cfg, "0021")
+        async with db.read() as conn:
+            kept = (await conn.execute(text("SELECT attempt FROM webhook_attempts"))).all()
+        assert [tuple(r) for r in kept] == [(1,)]
         await asyncio.to_thread(command.upgrade, cfg, "head")
         await check_schema(db)
     finally:

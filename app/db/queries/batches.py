@@ -75,24 +75,29 @@ async def insert_items_from_filter(
     owner: str | None,
 ) -> int:
     """Snapshot the matching runs into ``batch_items`` in one statement; returns the count."""
-    sel = select(literal(batch_id, type_=batches.c.batch_id.type), runs.c.run_id).where(
-        *list_filters(tenant_id, filters, owner=owner)
+    sel = select(
+        literal(tenant_id, type_=batches.c.tenant_id.type),
+        literal(batch_id, type_=batches.c.batch_id.type),
+        runs.c.run_id,
+    ).where(*list_filters(tenant_id, filters, owner=owner))
+    result = await conn.execute(
+        insert(batch_items).from_select(["tenant_id", "batch_id", "run_id"], sel)
     )
-    result = await conn.execute(insert(batch_items).from_select(["batch_id", "run_id"], sel))
     return int(result.rowcount or 0)
 
 
 async def insert_items(
-    conn: AsyncConnection, batch_id: uuid.UUID, run_ids: Sequence[uuid.UUID]
+    conn: AsyncConnection, tenant_id: str, batch_id: uuid.UUID, run_ids: Sequence[uuid.UUID]
 ) -> None:
-    """The listed runs as items, as given.
+    """The listed runs as items of the tenant's batch, as given.
 
     An id that is not the tenant's is skipped later as ``not_found`` by the tenant-scoped
     action itself, so nothing here reads another tenant's runs.
     """
     if run_ids:
         await conn.execute(
-            insert(batch_items), [{"batch_id": batch_id, "run_id": r} for r in run_ids]
+            insert(batch_items),
+            [{"tenant_id": tenant_id, "batch_id": batch_id, "run_id": r} for r in run_ids],
         )
 
 

@@ -255,7 +255,15 @@ async def claim_due(
     by_id = {r["delivery_id"]: r for r in claimed}
     await conn.execute(
         insert(webhook_attempts),
-        [{"delivery_id": d, "attempt": r["attempts"], "started_at": now} for d, r in by_id.items()],
+        [
+            {
+                "tenant_id": r["tenant_id"],
+                "delivery_id": d,
+                "attempt": r["attempts"],
+                "started_at": now,
+            }
+            for d, r in by_id.items()
+        ],
     )
     targets = {
         e["endpoint_id"]: e
