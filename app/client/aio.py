@@ -214,7 +214,7 @@ class AsyncTreadleClient:
 
         Returns:
             Per-item results in request order; failed items (``status`` ≥ 400) carry their
-            problem and do not stop the others (docs/api.md, "Submitting many runs").
+            problem and do not stop the others (docs/api.md, "POST /runs:batch").
 
         Raises:
             TreadleAPIError: the request as a whole was refused (422 empty or over the

@@ -339,7 +339,7 @@ class Submitter:
         schema) is reported as it is. Items that fail (unknown workflow, invalid input,
         idempotency key reused differently, busy concurrency key) are reported and do
         not abort the others; the accepted items commit together or not at all
-        (docs/api.md, "Submitting many runs"). An idempotency key repeated inside the
+        (docs/api.md, "POST /runs:batch"). An idempotency key repeated inside the
         batch is one request: the same body again returns the first item's run
         (``created`` False), a different body is :class:`IdempotencyConflict`.
 

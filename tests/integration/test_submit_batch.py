@@ -1,6 +1,6 @@
 """``POST /runs:batch`` on both databases: per-item results, idempotency, atomicity.
 
-One transaction for the accepted items (docs/api.md, "Submitting many runs"): failed items
+One transaction for the accepted items (docs/api.md, "POST /runs:batch"): failed items
 are reported beside them, and a database failure mid-batch writes nothing at all.
 """
 

@@ -197,7 +197,7 @@ async def submit_runs_batch(
     answered for that item alone (201 new, 200 identical idempotent retry, 404 unknown
     workflow, 409 idempotency key reused or concurrency key busy, 413 input too large,
     422 invalid) and the run or the problem. Failed items do not stop the others; the
-    accepted ones commit together (docs/api.md, "Submitting many runs"). Whole-request
+    accepted ones commit together (docs/api.md, "POST /runs:batch"). Whole-request
     errors: 400 malformed JSON, 401/403 auth and scope (``runs:write``), 413 body over the
     request ceiling, 422 an empty list, more than the limit, or a body that is not
     ``{"runs": [...]}``.

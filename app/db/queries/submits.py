@@ -150,7 +150,7 @@ async def submit_run(
     return result.mappings().first()
 
 
-# --- Many runs at once (``POST /runs:batch``, docs/api.md "Submitting many runs") ---
+# --- Many runs at once (``POST /runs:batch``, docs/api.md "POST /runs:batch") ---
 
 
 async def get_by_idempotency_keys(
