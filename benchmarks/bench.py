@@ -7,11 +7,14 @@ Usage::
 
 In order: engine throughput of Treadle and DBOS Transact side by side (two workloads,
 each worker count, repetitions interleaved so drift on the machine hits both alike,
-medians reported), the pgbench limit of our checkpoint SQL, latency (the half-load rate
-is half Treadle's measured one-step peak), HTTP ``POST /runs`` beside a bare FastAPI
-INSERT, and the scale curve with worker memory. Each measurement uses its own fresh database,
-dropped afterwards. Prints a table and writes ``benchmarks/results/bench-<stamp>.json``
-(and ``bench-latest.json``).
+medians reported) with pgqueuer's bare-queue floor beside the one-step runs (same N
+no-op jobs, same worker process counts and per-worker concurrency), the pgbench limit
+of our checkpoint SQL, latency (the half-load rate is half Treadle's measured one-step
+peak), HTTP ``POST /runs`` beside a bare FastAPI INSERT at 16 and at 64 connections,
+and the scale curve with worker memory. Each measurement uses its own fresh database,
+dropped afterwards. Prints a table, writes ``benchmarks/results/bench-<stamp>.json``
+(and ``bench-latest.json``) and draws PNG charts (:mod:`benchmarks.charts`): into
+``docs/benchmarks/`` on a full run, ``benchmarks/results/charts/`` with ``--quick``.
 """
 
 from __future__ import annotations
@@ -23,10 +26,14 @@ import platform
 import subprocess
 import time
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
-from benchmarks import http_api, latency, peer, pglimit, scale, throughput
-from benchmarks.common import RESULTS, median
+from benchmarks import charts, http_api, latency, peer, pglimit, scale, throughput
+from benchmarks.common import RESULTS, ROOT, median
+
+# Many submitters: the second HTTP load, beside the 16 connections of the first.
+MANY_CONNECTIONS = 64
 
 
 def _machine() -> dict[str, Any]:
@@ -45,6 +52,7 @@ def _machine() -> dict[str, Any]:
         "pgbench": pg,
         "loadavg_at_start": [round(x, 2) for x in load],
         "dbos": peer.DBOS_VERSION,
+        "pgqueuer": peer.PGQUEUER_VERSION,
     }
 
 
@@ -55,15 +63,19 @@ def _throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
         for n_runs, n_steps in workloads:
             for w in args.workers:
                 engines = ["treadle"] if args.skip_peer else ["treadle", "dbos"]
+                if n_steps == 1 and not (args.skip_peer or args.skip_floor):
+                    engines.append("pgqueuer")  # the floor: a job is one no-op step
                 for engine in engines:
                     t0 = time.monotonic()
                     if engine == "treadle":
                         r = throughput.measure(n_runs, n_steps, w, args.concurrency)
-                    else:
+                    elif engine == "dbos":
                         r = peer.measure(n_runs, n_steps, w, args.concurrency)
+                    else:
+                        r = peer.measure_pgqueuer(n_runs, w, args.concurrency)
                     samples.setdefault((engine, n_steps, w), []).append(r)
                     print(
-                        f"  [{rep + 1}/{args.repeats}] {engine:<7} {n_steps:>2}-step W={w}: "
+                        f"  [{rep + 1}/{args.repeats}] {engine:<8} {n_steps:>2}-step W={w}: "
                         f"{r['steps_per_second']:>8} steps/s ({time.monotonic() - t0:.0f} s)",
                         flush=True,
                     )
@@ -83,6 +95,20 @@ def _throughput(args: argparse.Namespace) -> list[dict[str, Any]]:
             }
         )
     return rows
+
+
+def floor_ratio(rows: list[dict[str, Any]], row: dict[str, Any]) -> float | None:
+    """``row``'s steps/s over pgqueuer's jobs/s at the same worker count (one-step rows).
+
+    None when ``row`` is not a one-step row or pgqueuer was not measured at its ``W``.
+    The ``vs pgqueuer`` column of the table and ``treadle_over_pgqueuer_*`` in the ratios.
+    """
+    if row["steps_per_run"] != 1:
+        return None
+    for r in rows:
+        if r["engine"] == "pgqueuer" and r["workers"] == row["workers"] and r["steps_per_second"]:
+            return round(float(row["steps_per_second"]) / float(r["steps_per_second"]), 3)
+    return None
 
 
 def _best(rows: list[dict[str, Any]], engine: str, n_steps: int) -> dict[str, Any] | None:
@@ -108,6 +134,15 @@ def _ratios(result: dict[str, Any]) -> dict[str, Any]:
                 out[f"cpu_per_step_treadle_over_dbos_{n_steps}_step"] = round(
                     cpu["treadle"] / cpu["dbos"], 3
                 )
+    for r in rows:
+        ratio = floor_ratio(rows, r) if r["engine"] == "treadle" else None
+        if ratio is not None:
+            out[f"treadle_over_pgqueuer_1_step_w{r['workers']}"] = ratio
+    ours, floor = _best(rows, "treadle", 1), _best(rows, "pgqueuer", 1)
+    if ours and floor:
+        out["treadle_over_pgqueuer_1_step"] = round(
+            ours["steps_per_second"] / floor["steps_per_second"], 3
+        )
     pg = result.get("pglimit") or []
     best10 = _best(rows, "treadle", 10)
     if pg and best10:
@@ -119,6 +154,10 @@ def _ratios(result: dict[str, Any]) -> dict[str, Any]:
                 )
     if "http" in result:
         out["post_runs_over_bare_insert"] = result["http"]["ratio"]
+    if "http_many" in result:
+        out[f"post_runs_over_bare_insert_{MANY_CONNECTIONS}_connections"] = result["http_many"][
+            "ratio"
+        ]
     curve = result.get("scale") or []
     if len(curve) > 1:
         out["claim_throughput_largest_over_smallest"] = round(
@@ -131,16 +170,19 @@ def _print(result: dict[str, Any]) -> None:
     print("\nEngine throughput (median of", result["params"]["repeats"], "runs)")
     print(
         f"{'engine':<8} {'steps/run':>9} {'runs':>6} {'W':>3} {'steps/s':>9} {'runs/s':>8} "
-        f"{'worker CPU ms/step':>18}"
+        f"{'worker CPU ms/step':>18} {'vs pgqueuer':>11}"
     )
-    for r in sorted(
-        result["throughput"], key=lambda r: (r["steps_per_run"], r["workers"], r["engine"])
-    ):
+    rows = result["throughput"]
+    for r in sorted(rows, key=lambda r: (r["steps_per_run"], r["workers"], r["engine"])):
+        ratio = floor_ratio(rows, r)
         print(
             f"{r['engine']:<8} {r['steps_per_run']:>9} {r['runs']:>6} {r['workers']:>3} "
             f"{r['steps_per_second']:>9.1f} {r['runs_per_second']:>8.1f} "
-            f"{r['worker_cpu_ms_per_step']:>18.2f}"
+            f"{r['worker_cpu_ms_per_step']:>18.2f} "
+            f"{'' if ratio is None else f'{ratio:.3f}':>11}"
         )
+    if any(r["engine"] == "pgqueuer" for r in rows):
+        print("(vs pgqueuer: steps/s over pgqueuer's no-op jobs/s at the same W; pgqueuer = 1)")
     if result.get("pglimit"):
         print("\npgbench with our checkpoint SQL (steps/s)")
         for p in result["pglimit"]:
@@ -157,8 +199,10 @@ def _print(result: dict[str, Any]) -> None:
             ("timer wake-up lateness", lat["timer"]["lateness"]),
         ):
             print(f"{label:<33} {part['p50_ms']:>8} {part['p95_ms']:>8} {part['p99_ms']:>8}")
-    if result.get("http"):
-        h = result["http"]
+    for key in ("http", "http_many"):
+        if not result.get(key):
+            continue
+        h = result[key]
         print(f"\nHTTP POST /runs ({h['treadle']['generator']}, {h['connections']} connections)")
         for side in ("treadle", "bare"):
             s = h[side]
@@ -193,7 +237,17 @@ def main() -> None:
     parser.add_argument("--runs-ten", type=int, default=None, help="ten-step runs (500)")
     parser.add_argument("--workers", type=int, nargs="+", default=None)
     parser.add_argument("--concurrency", type=int, default=16)
-    parser.add_argument("--skip-peer", action="store_true", help="Treadle alone, no DBOS")
+    parser.add_argument(
+        "--skip-peer", action="store_true", help="Treadle alone, no DBOS and no pgqueuer"
+    )
+    parser.add_argument(
+        "--skip-floor", action="store_true", help="no pgqueuer floor beside the one-step runs"
+    )
+    parser.add_argument(
+        "--charts-dir",
+        default=None,
+        help="where the PNG charts go (default docs/benchmarks; quick: benchmarks/results/charts)",
+    )
     parser.add_argument(
         "--only",
         nargs="+",
@@ -234,8 +288,8 @@ def main() -> None:
     }
     if "throughput" in parts:
         if not args.skip_peer:
-            peer.peer_python()  # install DBOS before anything is timed
-        print("throughput (Treadle and DBOS, interleaved):", flush=True)
+            peer.peer_python()  # install DBOS and pgqueuer before anything is timed
+        print("throughput (Treadle, DBOS and the pgqueuer floor, interleaved):", flush=True)
         result["throughput"] = _throughput(args)
     if "pglimit" in parts:
         print("pgbench limit ...", flush=True)
@@ -248,6 +302,8 @@ def main() -> None:
     if "http" in parts:
         print("HTTP ...", flush=True)
         result["http"] = http_api.measure(seconds, 16)
+        print(f"HTTP, {MANY_CONNECTIONS} connections ...", flush=True)
+        result["http_many"] = http_api.measure(seconds, MANY_CONNECTIONS)
     if "scale" in parts:
         print("scale curve ...", flush=True)
         result["scale"] = scale.measure(scale_rows, 40 if quick else 2000)
@@ -261,6 +317,10 @@ def main() -> None:
     (RESULTS / f"bench-{stamp}.json").write_text(text)
     (RESULTS / "bench-latest.json").write_text(text)
     print(f"\nwrote benchmarks/results/bench-{stamp}.json")
+    default_dir = RESULTS / "charts" if quick else ROOT / "docs" / "benchmarks"
+    written = charts.draw(result, Path(args.charts_dir) if args.charts_dir else default_dir)
+    for path in written:
+        print(f"wrote {path.relative_to(ROOT) if path.is_relative_to(ROOT) else path}")
 
 
 if __name__ == "__main__":
