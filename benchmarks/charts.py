@@ -74,11 +74,15 @@ def _latency(result: dict[str, Any], out: Path) -> Path | None:
     lat = result.get("latency")
     if not lat:
         return None
-    labels = [label for label, *_ in _LATENCY_PARTS]
+    # Only the parts this result measured (a partial run leaves some out).
+    parts = [(label, part, key) for label, part, key in _LATENCY_PARTS if key in lat.get(part, {})]
+    if not parts:
+        return None
+    labels = [label for label, *_ in parts]
     fig, ax = plt.subplots(figsize=(8, 4.5))
     height = 0.25
     for i, q in enumerate(("p50_ms", "p95_ms", "p99_ms")):
-        values = [float(lat[part][key][q]) for _, part, key in _LATENCY_PARTS]
+        values = [float(lat[part][key][q]) for _, part, key in parts]
         ax.barh([y + (i - 1) * height for y in range(len(labels))], values, height, label=q[:3])
     ax.set_yticks(range(len(labels)), labels)
     ax.invert_yaxis()

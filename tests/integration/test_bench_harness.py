@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from benchmarks import footprint, pglimit, throughput
+from benchmarks import charts, footprint, peer, pglimit, throughput
 from benchmarks.chaos import PG_BIN, Cluster
 from benchmarks.common import percentile
 from benchmarks.profiling import summarize
@@ -26,6 +26,45 @@ def test_pgbench_scripts_write_what_the_executor_writes() -> None:
     results = pglimit.measure([2], 1)
     assert {r["script"] for r in results} == {"executor_step", "checkpoint"}
     assert all(r["steps_per_second"] > 0 for r in results)
+
+
+@pytest.mark.timeout(300)  # the first call builds the peer venv (DBOS, pgqueuer) with uv
+def test_pgqueuer_floor_drains_every_job_with_real_consumers() -> None:
+    r = peer.measure_pgqueuer(n_jobs=6, n_workers=1, concurrency=4)
+    assert r["engine"] == "pgqueuer"
+    assert r["runs"] == 6
+    assert r["steps_per_second"] > 0
+
+
+def test_charts_draw_every_part_of_a_result(tmp_path: Path) -> None:
+    row = {"steps_per_run": 1, "workers": 1, "steps_per_second": 100.0}
+    result = {
+        "started_at": "2026-12-02T12:00:00",
+        "machine": {"host": "test"},
+        "params": {"quick": True},
+        "throughput": [
+            {**row, "engine": engine, "workers": w, "steps_per_second": 100.0 * w}
+            for engine in ("treadle", "dbos", "pgqueuer")
+            for w in (1, 2)
+        ],
+        "latency": {
+            "idle": {"first_step": {"n": 3, "p50_ms": 5.0, "p95_ms": 9.0, "p99_ms": 12.0}},
+            "timer": {"lateness": {"n": 3, "p50_ms": 40.0, "p95_ms": 60.0, "p99_ms": 70.0}},
+        },
+        "scale": [
+            {"finished_rows": n, "steps_per_second": 200.0, "claim_p99_ms": 1.5, "list_p99_ms": 1.0}
+            for n in (1000, 10000)
+        ],
+    }
+    written = charts.draw(result, tmp_path)
+    assert sorted(p.name for p in written) == ["latency.png", "scale.png", "throughput.png"]
+    for path in written:
+        assert path.read_bytes().startswith(b"\x89PNG")
+    # A result without a part draws the others.
+    assert [p.name for p in charts.draw({**result, "scale": []}, tmp_path / "s")] == [
+        "throughput.png",
+        "latency.png",
+    ]
 
 
 def test_throughput_drains_every_run_with_a_real_worker() -> None:
