@@ -30,7 +30,7 @@ from app.db.queries import run_labels as labels_q
 from app.db.queries import runs as runs_q
 from app.db.queries import submits as submits_q
 from app.engine import slots
-from app.engine.wakeup import NOTIFY_CHANNEL, notify
+from app.engine.wakeup import notify
 from app.sdk.queue import QueueControls
 
 
@@ -287,9 +287,14 @@ class Submitter:
                 access=definition.access,
                 queue=definition.queue,
                 trace=trace,
+                notify_in_transaction=False,
             )
 
-        return await self.db.write_retrying(insert, what="submit")
+        row, created = await self.db.write_retrying(insert, what="submit")
+        if created:
+            # After commit, coalesced: no submit commit takes the NOTIFY lock.
+            self.db.wake_workers()
+        return row, created
 
     async def _submit_one_statement(
         self,
@@ -303,8 +308,9 @@ class Submitter:
         access: str,
         trace: TraceContext | None = None,
     ) -> tuple[RowMapping, bool]:
-        # No slot to admit: run row, event and NOTIFY as one autocommit statement
-        # (app/db/queries/submits.py), the same writes insert_prepared makes.
+        # No slot to admit: run row and event as one autocommit statement
+        # (app/db/queries/submits.py), the same writes insert_prepared makes; the
+        # wake-up follows the commit, coalesced (docs/adr/0037-coalesced-wake-ups.md).
         fingerprint = request.fingerprint()
         event_data = json.dumps(_submitted_data(request, version, parent_run_id=None, slot=None))
 
@@ -324,7 +330,6 @@ class Submitter:
                 priority=request.priority,
                 delay_seconds=request.delay,
                 event_data=event_data,
-                channel=NOTIFY_CHANNEL,
                 trace_parent=None if trace is None else trace.traceparent,
                 trace_state=None if trace is None else trace.tracestate,
             )
@@ -334,7 +339,10 @@ class Submitter:
                 )
             return row, True
 
-        return await self.db.autocommit_retrying(insert, what="submit")
+        row, created = await self.db.autocommit_retrying(insert, what="submit")
+        if created:
+            self.db.wake_workers()
+        return row, created
 
 
 async def insert_prepared(
@@ -350,8 +358,14 @@ async def insert_prepared(
     access: str = "tenant",
     queue: QueueControls | None = None,
     trace: TraceContext | None = None,
+    notify_in_transaction: bool = True,
 ) -> tuple[RowMapping, bool]:
     """Insert a prepared run inside the caller's transaction (idempotency included).
+
+    ``notify_in_transaction`` False leaves the wake-up to the caller, who asks
+    :meth:`app.db.database.Database.wake_workers` after commit (the API's submit path:
+    docs/adr/0037-coalesced-wake-ups.md); True (child runs, reruns, triggers, schedules)
+    issues NOTIFY inside the caller's transaction.
 
     ``trace`` is the W3C trace context stored with the run (its executions are traced
     as its children: :func:`app.core.tracing.execution_span`).
@@ -440,7 +454,8 @@ async def insert_prepared(
         actor=subject,
         data=_submitted_data(request, version, parent_run_id=parent_run_id, slot=slot),
     )
-    await notify(conn)
+    if notify_in_transaction:
+        await notify(conn)
     return row, True
 
 
