@@ -26,7 +26,7 @@ import json
 import multiprocessing
 import statistics
 import time
-from typing import Any
+from typing import Any, cast
 
 import asyncpg
 from sqlalchemy import bindparam, text
@@ -35,6 +35,7 @@ from app.core.settings import Settings
 from app.db.database import Database
 from app.db.migrations import upgrade_to_head
 from app.db.queries import submits as submits_q
+from app.db.tables import runs
 from app.db.wakeups import NOTIFY_CHANNEL
 from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
@@ -47,16 +48,15 @@ MODES = ("in-commit", "coalesced")
 def _in_commit_statement() -> Any:
     # The pre-0037 statement: the same CTEs plus a pg_notify read FROM inserted, so the
     # NOTIFY is part of the submit's own transaction.
-    sql = submits_q._SUBMIT.element.text
+    sql = cast(Any, submits_q._SUBMIT.element).text
     head, tail = sql.rsplit("\nSELECT ", 1)
     announced = ",\nannounced AS (\n    SELECT pg_notify(:channel, '') FROM inserted\n)"
     sql = f"{head}{announced}\nSELECT {tail.replace('FROM inserted', 'FROM inserted, announced')}"
-    binds = [bindparam(k, type_=v.type) for k, v in submits_q._SUBMIT.element._bindparams.items()]
-    return (
-        text(sql)
-        .bindparams(*binds, bindparam("channel", value=NOTIFY_CHANNEL))
-        .columns(*submits_q.runs.c)
-    )
+    binds = [
+        bindparam(k, type_=v.type)
+        for k, v in cast(Any, submits_q._SUBMIT.element)._bindparams.items()
+    ]
+    return text(sql).bindparams(*binds, bindparam("channel", value=NOTIFY_CHANNEL)).columns(*runs.c)
 
 
 async def _submitters(url: str, mode: str, submitters: int, seconds: float) -> int:
