@@ -184,7 +184,8 @@ TenantQuery = Annotated[
 def wake_workers(request: Request) -> None:
     """Poke the in-process worker (``treadle dev``), if any, after work became due.
 
-    PostgreSQL deployments are woken by NOTIFY in the same transaction; SQLite has no
+    PostgreSQL deployments are woken by NOTIFY (coalesced after a submit's commit,
+    docs/adr/0037-coalesced-wake-ups.md; in the transaction elsewhere); SQLite has no
     LISTEN/NOTIFY, so the dev server wires its worker's ``wake`` here.
     """
     on_wake = getattr(request.app.state, "on_wake", None)

@@ -369,6 +369,14 @@ class Settings(BaseSettings):
     lease_ttl_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
     heartbeat_interval_seconds: float = Field(default=10.0, gt=0.0)
     poll_interval_seconds: float = Field(default=1.0, ge=0.01, le=60.0)
+    notify_coalesce_ms: float = Field(
+        default=2.0,
+        ge=0.0,
+        le=1000.0,
+        description="Window in which one process folds its submits' worker wake-ups into one "
+        "NOTIFY, sent after commit (docs/adr/0037-coalesced-wake-ups.md); 0 still sends at "
+        "most one at a time.",
+    )
     worker_concurrency: int = Field(default=16, ge=1, le=1000)
     batch_chunk_size: int = Field(
         default=100,

@@ -26,6 +26,7 @@ from app.db.dialect import now_expr
 from app.db.faults import retry_conflicts
 from app.db.replica import CONNECT_TIMEOUT_SECONDS, ReplicaGate
 from app.db.sqlite import RollbackOnCloseConnection
+from app.db.wakeups import WakeCoalescer
 
 T = TypeVar("T")
 
@@ -155,6 +156,11 @@ class Database:
         self._sizes: dict[str, int] = {}
         for name, engine in self._pools.items():
             self._instrument(name, engine)
+        self.wakeups: WakeCoalescer | None = (
+            WakeCoalescer(self.autocommit, settings.notify_coalesce_ms / 1000.0)
+            if self.dialect == "postgresql"
+            else None
+        )
 
     @property
     def has_replica(self) -> bool:
@@ -455,8 +461,24 @@ class Database:
         async with self.read() as conn:
             return await fetch_now(conn, self.dialect)
 
+    def wake_workers(self) -> None:
+        """Ask for a coalesced NOTIFY to wake listening workers; call after commit.
+
+        PostgreSQL: :class:`app.db.wakeups.WakeCoalescer` (at most one NOTIFY per
+        ``TREADLE_NOTIFY_COALESCE_MS`` from this process, outside the caller's
+        transaction). SQLite: a no-op (workers poll; ``treadle dev`` wakes its in-process
+        worker through the API's ``on_wake``). Never raises.
+        """
+        if self.wakeups is not None:
+            self.wakeups.request()
+
     async def dispose(self) -> None:
-        """Close every pooled connection (each pool stops counting in ``treadle_db_pool_*``)."""
+        """Close every pooled connection (each pool stops counting in ``treadle_db_pool_*``).
+
+        A pending coalesced wake-up is sent first.
+        """
+        if self.wakeups is not None:
+            await self.wakeups.flush()
         for name, size in self._sizes.items():
             metrics.DB_POOL_SIZE.labels(name).dec(size)
         self._sizes = {}

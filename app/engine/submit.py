@@ -33,7 +33,7 @@ from app.db.queries import run_labels as labels_q
 from app.db.queries import runs as runs_q
 from app.db.queries import submits as submits_q
 from app.engine import slots
-from app.engine.wakeup import NOTIFY_CHANNEL, notify
+from app.engine.wakeup import notify
 from app.sdk.queue import QueueControls
 
 
@@ -319,9 +319,14 @@ class Submitter:
                 access=definition.access,
                 queue=definition.queue,
                 trace=trace,
+                notify_in_transaction=False,
             )
 
-        return await self.db.write_retrying(insert, what="submit")
+        row, created = await self.db.write_retrying(insert, what="submit")
+        if created:
+            # After commit, coalesced: no submit commit takes the NOTIFY lock.
+            self.db.wake_workers()
+        return row, created
 
     async def submit_batch(
         self,
@@ -397,6 +402,8 @@ class Submitter:
                     raise
         for index, result in written.items():
             results[index] = result
+        if any(r.created for r in written.values()):
+            self.db.wake_workers()
         for entry, leader in followers:
             lead = results[leader.index]
             assert lead is not None
@@ -426,12 +433,12 @@ class Submitter:
         trace: TraceContext | None,
     ) -> dict[int, BatchResult]:
         # One transaction: idempotency twins first (one read), keyed runs one by one in
-        # savepoints, the rest as multi-row INSERTs grouped by delay, then one NOTIFY.
+        # savepoints, the rest as multi-row INSERTs grouped by delay; workers are woken
+        # once, after commit (docs/adr/0037-coalesced-wake-ups.md).
         out: dict[int, BatchResult] = {}
         keys = [p.request.idempotency_key for p in prepared if p.request.idempotency_key]
         existing = await submits_q.get_by_idempotency_keys(conn, tenant_id, keys)
         groups: dict[float | None, list[_Prepared]] = {}
-        created_any = False
         for p in prepared:
             key = p.request.idempotency_key
             if key is not None and key in existing:
@@ -457,12 +464,11 @@ class Submitter:
                         access=p.definition.access,
                         queue=p.definition.queue,
                         trace=trace,
-                        wake=False,
+                        notify_in_transaction=False,
                     )
             except TreadleError as exc:
                 out[p.index] = BatchResult(error=exc)
                 continue
-            created_any = created_any or created
             out[p.index] = BatchResult(row=row, created=created)
         label_rows: list[dict[str, Any]] = []
         event_rows: list[dict[str, Any]] = []
@@ -495,7 +501,6 @@ class Submitter:
             )
             for p, row in zip(group, rows, strict=True):
                 out[p.index] = BatchResult(row=row, created=True)
-                created_any = True
                 label_rows.extend(
                     {"run_id": row["run_id"], "tenant_id": tenant_id, "key": k, "value": v}
                     for k, v in p.request.labels.items()
@@ -512,8 +517,6 @@ class Submitter:
                 )
         await submits_q.insert_labels_many(conn, label_rows)
         await submits_q.append_submitted(conn, event_rows)
-        if created_any:
-            await notify(conn)
         return out
 
     async def _submit_one_statement(
@@ -528,8 +531,9 @@ class Submitter:
         access: str,
         trace: TraceContext | None = None,
     ) -> tuple[RowMapping, bool]:
-        # No slot to admit: run row, event and NOTIFY as one autocommit statement
-        # (app/db/queries/submits.py), the same writes insert_prepared makes.
+        # No slot to admit: run row and event as one autocommit statement
+        # (app/db/queries/submits.py), the same writes insert_prepared makes; the
+        # wake-up follows the commit, coalesced (docs/adr/0037-coalesced-wake-ups.md).
         fingerprint = request.fingerprint()
         event_data = json.dumps(_submitted_data(request, version, parent_run_id=None, slot=None))
 
@@ -549,7 +553,6 @@ class Submitter:
                 priority=request.priority,
                 delay_seconds=request.delay,
                 event_data=event_data,
-                channel=NOTIFY_CHANNEL,
                 trace_parent=None if trace is None else trace.traceparent,
                 trace_state=None if trace is None else trace.tracestate,
             )
@@ -559,7 +562,10 @@ class Submitter:
                 )
             return row, True
 
-        return await self.db.autocommit_retrying(insert, what="submit")
+        row, created = await self.db.autocommit_retrying(insert, what="submit")
+        if created:
+            self.db.wake_workers()
+        return row, created
 
 
 async def insert_prepared(
@@ -575,13 +581,17 @@ async def insert_prepared(
     access: str = "tenant",
     queue: QueueControls | None = None,
     trace: TraceContext | None = None,
-    wake: bool = True,
+    notify_in_transaction: bool = True,
 ) -> tuple[RowMapping, bool]:
     """Insert a prepared run inside the caller's transaction (idempotency included).
 
+    ``notify_in_transaction`` False leaves the wake-up to the caller, who asks
+    :meth:`app.db.database.Database.wake_workers` after commit (the API's submit path:
+    docs/adr/0037-coalesced-wake-ups.md); True (child runs, reruns, triggers, schedules)
+    issues NOTIFY inside the caller's transaction.
+
     ``trace`` is the W3C trace context stored with the run (its executions are traced
-    as its children: :func:`app.core.tracing.execution_span`). ``wake=False`` leaves the
-    NOTIFY to the caller (a batch notifies once: :meth:`Submitter.submit_batch`).
+    as its children: :func:`app.core.tracing.execution_span`).
 
     A run with a concurrency key is admitted to one of the key's slots under the key's
     lock (:func:`app.engine.slots.acquire`, ``queue`` = the definition's controls,
@@ -667,7 +677,7 @@ async def insert_prepared(
         actor=subject,
         data=_submitted_data(request, version, parent_run_id=parent_run_id, slot=slot),
     )
-    if wake:
+    if notify_in_transaction:
         await notify(conn)
     return row, True
 

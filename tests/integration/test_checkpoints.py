@@ -159,7 +159,7 @@ async def test_stale_fence_does_not_complete(settings: Settings, db: Database) -
 
 
 @WITH_PGBOUNCER
-async def test_submit_statement_writes_run_event_and_notify(
+async def test_submit_statement_writes_run_event_then_wakes(
     settings: Settings, db: Database
 ) -> None:
     if db.dialect != "postgresql":
@@ -205,6 +205,8 @@ async def test_submit_statement_writes_run_event_and_notify(
             SubmitRequest(workflow="cp-plain", input={}), tenant_id=TENANT, subject="alice"
         )
         assert created and other["available_at"] == other["created_at"]
+        assert db.wakeups is not None
+        await db.wakeups.flush()  # its wake-up is sent after commit, by the coalescer
         # Notifications arrive in commit order (PostgreSQL NOTIFY): everything heard
         # before our own marker, sent after the three submissions, is theirs.
         await listener.execute("SELECT pg_notify($1, 'marker')", NOTIFY_CHANNEL)

@@ -1,17 +1,18 @@
-"""A run's submission as one PostgreSQL statement: the run row, its event and the wake-up.
+"""A run's submission as one PostgreSQL statement: the run row and its event.
 
 Submitting a run without a concurrency key writes (1) the ``runs`` row unless the
-tenant's idempotency key is taken, (2) its ``run_submitted`` event and (3) a NOTIFY that
-wakes listening workers, atomically. As separate statements in an explicit transaction
-that is six round trips (pool pre-ping, BEGIN, INSERT, INSERT, ``pg_notify``, COMMIT)
-and three statements built per request; here it is one statement of data-modifying CTEs
-(PostgreSQL "WITH queries", §7.8.4) built once and run in autocommit, so the statement
-is its own transaction. ``submitted`` and ``announced`` read only ``FROM inserted``: an
-idempotency-key twin (``ON CONFLICT DO NOTHING``) writes no event and wakes nobody, and
+tenant's idempotency key is taken and (2) its ``run_submitted`` event, atomically. As
+separate statements in an explicit transaction that is five round trips (pool pre-ping,
+BEGIN, INSERT, INSERT, COMMIT) and two statements built per request; here it is one
+statement of data-modifying CTEs (PostgreSQL "WITH queries", §7.8.4) built once and run
+in autocommit, so the statement is its own transaction. ``submitted`` reads only ``FROM
+inserted``: an idempotency-key twin (``ON CONFLICT DO NOTHING``) writes no event, and
 the caller then reads the twin, exactly as :func:`app.db.queries.runs.insert_run` does.
 
-NOTIFY is transactional (PostgreSQL docs, NOTIFY): workers are woken only once the
-statement has committed, so a woken worker always finds the run.
+The statement issues no NOTIFY: a transaction that did takes PostgreSQL's global
+notification lock at commit, serializing all such commits. The caller asks the
+per-process coalescer for a wake-up after it returns
+(:meth:`app.db.database.Database.wake_workers`, docs/adr/0037-coalesced-wake-ups.md).
 
 Runs with a concurrency key, child runs and SQLite keep the multi-statement transaction
 (slot admission takes the key's lock first; a child joins its parent's transaction).
@@ -60,11 +61,8 @@ submitted AS (
     INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
     SELECT run_id, tenant_id, now(), :event_kind, NULL, created_by, :event_data
     FROM inserted
-),
-announced AS (
-    SELECT pg_notify(:channel, '') FROM inserted
 )
-SELECT {_RUN_COLUMNS} FROM inserted, announced"""
+SELECT {_RUN_COLUMNS} FROM inserted"""
     )
     .bindparams(
         bindparam("run_id", type_=Uuid()),
@@ -84,7 +82,6 @@ SELECT {_RUN_COLUMNS} FROM inserted, announced"""
         bindparam("delay_seconds", type_=Double()),
         bindparam("event_kind", type_=String()),
         bindparam("event_data", type_=Text()),
-        bindparam("channel", type_=String()),
     )
     # Typed result columns, matched by position: timestamps come back as aware UTC
     # datetimes exactly as from a Core ``select(runs)``.
@@ -108,15 +105,13 @@ async def submit_run(
     priority: int,
     delay_seconds: float | None,
     event_data: str,
-    channel: str,
     trace_parent: str | None = None,
     trace_state: str | None = None,
 ) -> RowMapping | None:
-    """Insert a ``queued`` run, its ``run_submitted`` event and NOTIFY, as one statement.
+    """Insert a ``queued`` run and its ``run_submitted`` event, as one statement (no NOTIFY).
 
     Run on an autocommit connection (PostgreSQL). ``available_at`` is the database clock
     plus ``delay_seconds`` (None or 0: now). ``event_data`` is the event's JSON text;
-    ``channel`` the NOTIFY channel workers LISTEN on (:mod:`app.engine.wakeup`);
     ``trace_parent`` / ``trace_state`` the W3C trace context the run is submitted under.
 
     Returns:
@@ -144,7 +139,6 @@ async def submit_run(
             "delay_seconds": float(delay_seconds or 0.0),
             "event_kind": EventKind.RUN_SUBMITTED.value,
             "event_data": event_data,
-            "channel": channel,
         },
     )
     return result.mappings().first()
