@@ -210,6 +210,18 @@ class SchemaVersionMismatch(TreadleError):
     code = "schema_version_mismatch"
 
 
+class DatabaseUnreachableAtStart(TreadleError):
+    """The database stayed unreachable for ``TREADLE_DB_START_TIMEOUT_SECONDS`` at start.
+
+    Raised by :func:`app.db.faults.wait_out_faults` when given a deadline (``treadle
+    serve``, ``treadle worker``): the process logged each failed attempt and now gives
+    up; the CLI prints :attr:`detail` as one line and exits 1 (docs/operations.md,
+    "Start-up without a database").
+    """
+
+    code = "database_unreachable_at_start"
+
+
 class HandlersNotLoaded(TreadleError):
     """A ``--handlers`` module could not be imported or defines no workflow.
 

@@ -398,28 +398,44 @@ START_RETRY_CAP_SECONDS = 2.0
 
 
 async def wait_out_faults(
-    fn: Callable[[], Awaitable[None]], *, what: str, stopping: asyncio.Event
+    fn: Callable[[], Awaitable[None]],
+    *,
+    what: str,
+    stopping: asyncio.Event,
+    give_up_after_seconds: float | None = None,
 ) -> bool:
     """Run ``fn`` until it gets through without a transient fault, or ``stopping`` is set.
 
-    For what a process must do before it can work at all (a worker's schema check and
-    registration): started while PostgreSQL restarts, or restarted in the middle of
-    them, the process waits the outage out like its loops do afterwards, instead of
-    exiting with the fault's traceback. Each fault is logged (``database fault at start;
-    retrying``) and retried after 0.2, 0.4, … up to 2 s; an error that is not a fault
-    (:func:`classify` is None, e.g. a schema at the wrong revision) is raised at once.
+    For what a process must do before it can work at all (``treadle serve``'s schema
+    check, a worker's schema check and registration): started while PostgreSQL
+    restarts, or restarted in the middle of them, the process waits the outage out like
+    its loops do afterwards, instead of exiting with the fault's traceback. Each fault
+    is logged (``database fault at start; retrying``) and retried after 0.2, 0.4, … up
+    to 2 s; an error that is not a fault (:func:`classify` is None, e.g. a schema at the
+    wrong revision) is raised at once. With ``give_up_after_seconds`` (the processes
+    pass ``TREADLE_DB_START_TIMEOUT_SECONDS``) the wait is bounded: a database still
+    unreachable then is a deployment to fix, not an outage to sit out silently
+    (docs/operations.md, "Start-up without a database").
 
     Args:
         fn: the work; one whole attempt per call (a failed one committed nothing).
         what: names the work in the log line.
         stopping: set to give up waiting (SIGTERM).
+        give_up_after_seconds: seconds from the first attempt after which a fault is
+            raised instead of retried; None waits without end, 0 tries once.
 
     Returns:
         True once ``fn`` returned; False if ``stopping`` was set first.
 
     Raises:
+        DatabaseUnreachableAtStart: faults lasted ``give_up_after_seconds``; its detail
+            names the work, the wait and the last error (password redacted).
         Whatever ``fn`` raised that is not a transient fault.
     """
+    from app.core.errors import DatabaseUnreachableAtStart
+
+    loop = asyncio.get_running_loop()
+    deadline = None if give_up_after_seconds is None else loop.time() + give_up_after_seconds
     delay = START_RETRY_FIRST_SECONDS
     while not stopping.is_set():
         try:
@@ -429,14 +445,23 @@ async def wait_out_faults(
             fault = classify(exc)
             if fault is None:
                 raise
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise DatabaseUnreachableAtStart(
+                    f"the database stayed unreachable for {give_up_after_seconds:g} s "
+                    f"(TREADLE_DB_START_TIMEOUT_SECONDS) at {what}: {describe(exc)[:300]}",
+                    what=what,
+                    fault=fault.value,
+                ) from exc
             log.warning(
                 "database fault at start; retrying",
                 what=what,
                 fault=fault.value,
                 error=describe(exc)[:300],
-                retry_in_seconds=delay,
+                retry_in_seconds=delay if left is None else round(min(delay, left), 3),
             )
+        wait = delay if left is None else min(delay, left)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), delay)
+            await asyncio.wait_for(stopping.wait(), wait)
         delay = min(delay * 2, START_RETRY_CAP_SECONDS)
     return False

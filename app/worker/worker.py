@@ -168,10 +168,16 @@ class Worker:
 
         ``on_ready(self)`` is called after registration, before the first claim. A
         registration meeting a database fault (the worker started during an outage, or
-        PostgreSQL restarted just then) is retried until it succeeds or :meth:`stop`
-        (:func:`app.db.faults.wait_out_faults`); stopped first, this returns at once.
+        PostgreSQL restarted just then) is retried until it succeeds, :meth:`stop`, or
+        ``TREADLE_DB_START_TIMEOUT_SECONDS`` (then ``DatabaseUnreachableAtStart``;
+        :func:`app.db.faults.wait_out_faults`); stopped first, this returns at once.
         """
-        if not await wait_out_faults(self.register, what="register", stopping=self._stopping):
+        if not await wait_out_faults(
+            self.register,
+            what="register",
+            stopping=self._stopping,
+            give_up_after_seconds=self.settings.db_start_timeout_seconds,
+        ):
             return
         self.log.info(
             "worker started", definitions=len(self.registry), concurrency=self.concurrency
@@ -693,6 +699,8 @@ async def run_worker(
 
     Raises:
         SchemaVersionMismatch: the database is not migrated to this code's head.
+        DatabaseUnreachableAtStart: the database stayed unreachable for
+            ``TREADLE_DB_START_TIMEOUT_SECONDS`` (each attempt logged a warning).
         HandlersNotLoaded: a handler module is missing, fails to import or defines no
             workflow.
     """
@@ -709,7 +717,10 @@ async def run_worker(
         # Started during a database outage (or one beginning now), the worker waits for
         # the database rather than exiting; a schema at the wrong revision still exits.
         if not await wait_out_faults(
-            lambda: _check_database(db), what="schema check", stopping=worker.stopping
+            lambda: _check_database(db),
+            what="schema check",
+            stopping=worker.stopping,
+            give_up_after_seconds=settings.db_start_timeout_seconds,
         ):
             return
         if metrics_port is not None:
