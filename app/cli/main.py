@@ -97,6 +97,7 @@ def load_settings(**overrides: Any) -> Settings:
 
 def _run(coro: Coroutine[Any, Any, None], *, uvloop_if_available: bool = False) -> None:
     from app.core.errors import (
+        DatabaseMisconfigured,
         DatabaseUnreachableAtStart,
         HandlersNotLoaded,
         SchemaVersionMismatch,
@@ -110,6 +111,8 @@ def _run(coro: Coroutine[Any, Any, None], *, uvloop_if_available: bool = False) 
     except SchemaVersionMismatch as exc:
         _fail(f"refusing to start: {exc.detail}")
     except HandlersNotLoaded as exc:
+        _fail(f"refusing to start: {exc.detail}")
+    except DatabaseMisconfigured as exc:
         _fail(f"refusing to start: {exc.detail}")
     except DatabaseUnreachableAtStart as exc:
         _fail(f"cannot start: {exc.detail}", ExitCode.FAILED)

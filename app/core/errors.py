@@ -222,6 +222,18 @@ class DatabaseUnreachableAtStart(TreadleError):
     code = "database_unreachable_at_start"
 
 
+class DatabaseMisconfigured(TreadleError):
+    """The database answers in a way only a configuration mistake explains.
+
+    E.g. a transaction-mode PgBouncer in front of it without ``TREADLE_DB_POOLER=
+    transaction`` (:func:`app.db.faults.pooler_mistake`). Raised at start-up, not
+    retried: no wait makes it go away. The CLI prints ``refusing to start:``
+    :attr:`detail` and exits 2.
+    """
+
+    code = "database_misconfigured"
+
+
 class HandlersNotLoaded(TreadleError):
     """A ``--handlers`` module could not be imported or defines no workflow.
 

@@ -392,6 +392,49 @@ async def retry_conflicts(
         attempt += 1
 
 
+POOLER_HINT = (
+    "TREADLE_DATABASE_URL looks like a transaction-mode pooler (PgBouncer pool_mode = "
+    "transaction): set TREADLE_DB_POOLER=transaction, and TREADLE_LISTEN_DATABASE_URL to a "
+    "direct PostgreSQL connection for the workers' LISTEN (docs/deployment.md, \"Behind "
+    'PgBouncer")'
+)
+"""What :func:`pooler_mistake` tells the operator to do."""
+
+# What a transaction pooler answers to a client configured for direct connections:
+# PgBouncer refuses the statement_timeout startup parameter at connect (08P01), and a
+# named prepared statement goes missing (26000) or collides (42P05) when consecutive
+# round trips land on different server connections (docs/adr/0032-transaction-pooler.md).
+_POOLER_SIGNS = (
+    "unsupported startup parameter",
+    "prepared statement",
+)
+_POOLER_SQLSTATES = frozenset({"26000", "42P05"})
+
+
+def pooler_mistake(exc: BaseException) -> str | None:
+    """:data:`POOLER_HINT` plus the error when ``exc`` is a pooler answering as above.
+
+    Looks at ``exc`` and its causes (SQLAlchemy wraps asyncpg's error): PgBouncer's
+    ``unsupported startup parameter``, asyncpg's ``prepared statement "…" does not exist``
+    / ``already exists`` and their SQLSTATEs 26000 and 42P05 (also
+    ``DuplicatePreparedStatementError``), only possible on PostgreSQL without
+    ``TREADLE_DB_POOLER=transaction``, where Treadle names its statements.
+
+    Returns:
+        One line: the hint, then ``(the error was: …)``; None for any other error.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        message = str(current).lower()
+        code = getattr(current, "sqlstate", None)
+        if code in _POOLER_SQLSTATES or any(sign in message for sign in _POOLER_SIGNS):
+            return f"{POOLER_HINT} (the error was: {describe(exc)[:200]})"
+        current = getattr(current, "orig", None) or current.__cause__
+    return None
+
+
 # Waits between attempts of :func:`wait_out_faults`: doubling from the first, capped.
 START_RETRY_FIRST_SECONDS = 0.2
 START_RETRY_CAP_SECONDS = 2.0
@@ -430,9 +473,10 @@ async def wait_out_faults(
     Raises:
         DatabaseUnreachableAtStart: faults lasted ``give_up_after_seconds``; its detail
             names the work, the wait and the last error (password redacted).
+        DatabaseMisconfigured: a transaction pooler without TREADLE_DB_POOLER=transaction.
         Whatever ``fn`` raised that is not a transient fault.
     """
-    from app.core.errors import DatabaseUnreachableAtStart
+    from app.core.errors import DatabaseMisconfigured, DatabaseUnreachableAtStart
 
     loop = asyncio.get_running_loop()
     deadline = None if give_up_after_seconds is None else loop.time() + give_up_after_seconds
@@ -442,6 +486,9 @@ async def wait_out_faults(
             await fn()
             return True
         except Exception as exc:
+            mistake = pooler_mistake(exc)
+            if mistake is not None:
+                raise DatabaseMisconfigured(mistake, what=what) from exc
             fault = classify(exc)
             if fault is None:
                 raise
