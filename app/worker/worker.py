@@ -32,7 +32,7 @@ from app.core.status import EventKind, RunReason, RunStatus
 from app.db.database import Database
 from app.db.faults import classify, wait_out_faults
 from app.db.migrations import check_schema
-from app.db.pooler import statement_timeout_mismatch
+from app.db.pooler import notifications_arrive, statement_timeout_mismatch
 from app.db.queries import checkpoints as checkpoints_q
 from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
@@ -53,6 +53,9 @@ from app.worker.webhooks import WebhookSender
 
 log = structlog.get_logger("treadle.worker")
 
+LISTEN_PROBE_SECONDS = 5.0
+"""How long a worker waits for its start-up test notification (a direct LISTEN hears it
+within milliseconds; app.db.pooler.notifications_arrive)."""
 LISTEN_APPLICATION_NAME = "treadle-worker-listen"
 """``application_name`` of a worker's LISTEN connection (see pg_stat_activity)."""
 
@@ -635,12 +638,16 @@ class Worker:
         # Named, so operators (and the HA test) can find the LISTEN sessions in
         # pg_stat_activity on whichever node is the primary.
         kwargs["server_settings"] = {"application_name": LISTEN_APPLICATION_NAME}
+        probed = False
         while True:
             conn: Any = None
             try:
                 conn = await asyncpg.connect(**kwargs)
                 await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake.set())
                 self._wake.set()  # catch anything submitted while we were not listening
+                if not probed:
+                    await self._probe_listen(conn)
+                    probed = True  # once per process, unless the probe met a fault
                 while not conn.is_closed():
                     await asyncio.sleep(self.settings.heartbeat_interval_seconds)
                     await conn.execute("SELECT 1")
@@ -653,6 +660,24 @@ class Worker:
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
+
+    async def _probe_listen(self, conn: Any) -> None:
+        """Once per process: say so, as an error, if the LISTEN hears no NOTIFY.
+
+        A LISTEN URL that is a transaction pooler (or another server or database) is
+        accepted and hears nothing (:func:`app.db.pooler.notifications_arrive`): the
+        worker still works, by polling, but a wake-up the operator configured is gone.
+        """
+        if await notifications_arrive(conn, self.db, LISTEN_PROBE_SECONDS):
+            return
+        self.log.error(
+            "the LISTEN connection (TREADLE_LISTEN_DATABASE_URL, or TREADLE_DATABASE_URL) "
+            f"heard no test notification within {LISTEN_PROBE_SECONDS:g} s: it must be a "
+            "direct session on the primary of TREADLE_DATABASE_URL, not a transaction "
+            'pooler (docs/deployment.md, "Behind PgBouncer"); this worker wakes by '
+            "polling only",
+            poll_interval_seconds=self.settings.poll_interval_seconds,
+        )
 
     # --- shutdown --------------------------------------------------------------------
 

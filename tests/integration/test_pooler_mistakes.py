@@ -23,6 +23,7 @@ from app.core.settings import DbPooler
 from app.db import database as database_module
 from app.db.database import Database
 from app.db.faults import POOLER_HINT, pooler_mistake
+from app.db.pooler import notifications_arrive
 from tests.acceptance.conftest import ROOT, cli_run, free_port
 from tests.conftest import DEV_SECRET, POOLED, make_settings
 
@@ -94,3 +95,20 @@ async def test_missing_and_duplicate_prepared_statements_are_recognized(
         hint = pooler_mistake(err)
         assert hint is not None and hint.startswith(POOLER_HINT), err
     assert pooler_mistake(asyncpg.UndefinedTableError("relation x does not exist")) is None
+
+
+@PGBOUNCER_ONLY
+async def test_a_listen_through_the_pooler_is_told_apart_from_a_direct_one(
+    database_url: str, tmp_path: Path
+) -> None:
+    db = Database(make_settings(database_url, tmp_path))  # pooled, TREADLE_DB_POOLER set
+    direct = await asyncpg.connect(POOLED[database_url].replace("+asyncpg", ""))
+    pooled = await asyncpg.connect(database_url.replace("+asyncpg", ""), statement_cache_size=0)
+    try:
+        assert await notifications_arrive(direct, db, timeout=30)
+        # The pooler's LISTEN succeeded and hears nothing.
+        assert not await notifications_arrive(pooled, db, timeout=2)
+    finally:
+        await direct.close()
+        await pooled.close()
+        await db.dispose()
