@@ -96,7 +96,12 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def _run(coro: Coroutine[Any, Any, None], *, uvloop_if_available: bool = False) -> None:
-    from app.core.errors import HandlersNotLoaded, SchemaVersionMismatch
+    from app.core.errors import (
+        DatabaseMisconfigured,
+        DatabaseUnreachableAtStart,
+        HandlersNotLoaded,
+        SchemaVersionMismatch,
+    )
 
     try:
         if uvloop_if_available:
@@ -107,6 +112,10 @@ def _run(coro: Coroutine[Any, Any, None], *, uvloop_if_available: bool = False) 
         _fail(f"refusing to start: {exc.detail}")
     except HandlersNotLoaded as exc:
         _fail(f"refusing to start: {exc.detail}")
+    except DatabaseMisconfigured as exc:
+        _fail(f"refusing to start: {exc.detail}")
+    except DatabaseUnreachableAtStart as exc:
+        _fail(f"cannot start: {exc.detail}", ExitCode.FAILED)
     except OSError as exc:
         _fail(f"cannot reach the database: {exc}")
     except KeyboardInterrupt:
@@ -129,20 +138,35 @@ def _run_fast(coro: Coroutine[Any, Any, None]) -> None:
 
 
 async def _require_schema(settings: Settings, registered: list[str] | None = None) -> None:
-    """Refuse unless the schema is at head; fill ``registered`` with ``name@version``s."""
+    """Refuse unless the schema is at head; fill ``registered`` with ``name@version``s.
+
+    An unreachable database is waited for, with backoff and a warning per attempt, up
+    to ``TREADLE_DB_START_TIMEOUT_SECONDS`` (as ``treadle worker`` does:
+    :func:`app.db.faults.wait_out_faults`); then ``DatabaseUnreachableAtStart``.
+    """
     from app.db.database import Database
+    from app.db.faults import wait_out_faults
     from app.db.migrations import check_schema
     from app.db.queries.definitions import list_definitions
 
-    db = Database(settings)
-    try:
-        await check_schema(db)
-        if registered is not None:
-            async with db.read() as conn:
-                rows = await list_definitions(conn)
-            registered.extend(f"{r['name']}@{r['version']}" for r in rows)
-    finally:
-        await db.dispose()
+    async def attempt() -> None:
+        db = Database(settings)
+        try:
+            await check_schema(db)
+            if registered is not None:
+                async with db.read() as conn:
+                    rows = await list_definitions(conn)
+                registered[:] = [f"{r['name']}@{r['version']}" for r in rows]
+        finally:
+            await db.dispose()
+
+    # Ctrl-C ends the wait (KeyboardInterrupt, see _run); SIGTERM's default ends the process.
+    await wait_out_faults(
+        attempt,
+        what="schema check",
+        stopping=asyncio.Event(),
+        give_up_after_seconds=settings.db_start_timeout_seconds,
+    )
 
 
 @app.command()

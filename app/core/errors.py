@@ -220,6 +220,30 @@ class SchemaVersionMismatch(TreadleError):
     code = "schema_version_mismatch"
 
 
+class DatabaseUnreachableAtStart(TreadleError):
+    """The database stayed unreachable for ``TREADLE_DB_START_TIMEOUT_SECONDS`` at start.
+
+    Raised by :func:`app.db.faults.wait_out_faults` when given a deadline (``treadle
+    serve``, ``treadle worker``): the process logged each failed attempt and now gives
+    up; the CLI prints :attr:`detail` as one line and exits 1 (docs/operations.md,
+    "Start-up without a database").
+    """
+
+    code = "database_unreachable_at_start"
+
+
+class DatabaseMisconfigured(TreadleError):
+    """The database answers in a way only a configuration mistake explains.
+
+    E.g. a transaction-mode PgBouncer in front of it without ``TREADLE_DB_POOLER=
+    transaction`` (:func:`app.db.faults.pooler_mistake`). Raised at start-up, not
+    retried: no wait makes it go away. The CLI prints ``refusing to start:``
+    :attr:`detail` and exits 2.
+    """
+
+    code = "database_misconfigured"
+
+
 class HandlersNotLoaded(TreadleError):
     """A ``--handlers`` module could not be imported or defines no workflow.
 

@@ -149,5 +149,11 @@ DB_REPLICA_FALLBACKS = Counter(
 DB_REPLICA_LAG = Gauge(
     "treadle_db_replica_lag_seconds",
     "Replay lag of the read replica when last measured (0: it had replayed every WAL "
-    "record it received; -1: unknown, WAL pending but no transaction replayed yet).",
+    "record it received; -1: unknown, WAL pending but no transaction replayed yet; NaN: "
+    "the replica could not be reached at the last try).",
+)
+DB_REPLICA_UP = Gauge(
+    "treadle_db_replica_up",
+    "1 while the read replica serves the reads that may lag, 0 while they go to the "
+    "primary (unreachable or lagging); absent without TREADLE_READ_DATABASE_URL.",
 )

@@ -104,6 +104,15 @@ class Settings(BaseSettings):
         "answers 503 database_conflict (Retry-After).",
     )
     sqlite_busy_timeout_seconds: float = Field(default=30.0, gt=0, le=600)
+    db_start_timeout_seconds: float = Field(
+        default=60.0,
+        ge=0,
+        le=86400,
+        description="How long `treadle serve` and `treadle worker` wait for an unreachable "
+        "database at start (retrying with backoff, one warning per attempt) before they "
+        "exit 1 with one line naming the error; 0: try once (docs/operations.md, "
+        '"Start-up without a database").',
+    )
     read_database_url: str = Field(
         default="",
         description="PostgreSQL streaming replica (hot standby) for reads that may lag: run "
@@ -491,6 +500,11 @@ class Settings(BaseSettings):
             raise ValueError(f"not a log level: {value!r} (one of {', '.join(known)})")
         return value.upper()
 
+    @field_validator("database_url", "read_database_url", "listen_database_url")
+    @classmethod
+    def _async_driver(cls, value: str) -> str:
+        return normalize_database_url(value)
+
     @model_validator(mode="after")
     def _default_database(self) -> Self:
         if not self.database_url:
@@ -521,6 +535,15 @@ class Settings(BaseSettings):
             raise ValueError(
                 "TREADLE_READ_DATABASE_URL needs PostgreSQL for both it and "
                 "TREADLE_DATABASE_URL (a streaming replica of the primary)"
+            )
+        if self.read_database_url and _same_server(self.read_database_url, self.database_url):
+            # Not harmless: every lag-tolerant read would pay a second pool and a lag
+            # probe against the primary itself, and the operator believes reads are
+            # offloaded when they are not.
+            raise ValueError(
+                "TREADLE_READ_DATABASE_URL is the same database as TREADLE_DATABASE_URL: "
+                "set it to the streaming replica (hot standby), or unset it to read the "
+                "primary"
             )
         return self
 
@@ -653,6 +676,71 @@ class Settings(BaseSettings):
             "your identity provider (per-tenant API keys work in every mode), or "
             "TREADLE_AUTH_MODE=dev explicitly for local testing only."
         )
+
+
+# The drivers Treadle runs on (async SQLAlchemy dialects), by URL scheme as written.
+_ASYNC_SCHEMES = {
+    "postgresql": "postgresql+asyncpg",
+    "postgres": "postgresql+asyncpg",
+    "postgresql+asyncpg": "postgresql+asyncpg",
+    "sqlite": "sqlite+aiosqlite",
+    "sqlite+aiosqlite": "sqlite+aiosqlite",
+}
+
+
+def normalize_database_url(url: str) -> str:
+    """``url`` with the async driver Treadle needs in its scheme.
+
+    ``postgresql://`` and ``postgres://`` (libpq's and most providers' spelling) become
+    ``postgresql+asyncpg://``; ``sqlite://`` becomes ``sqlite+aiosqlite://``; the rest of
+    the URL is kept byte for byte. A URL naming another driver (``postgresql+psycopg``,
+    ``sqlite+pysqlite``) or another database is refused: Treadle's SQL is async on
+    asyncpg and aiosqlite only (docs/deployment.md, "Database URLs").
+
+    Args:
+        url: a SQLAlchemy URL as written in a ``TREADLE_*_DATABASE_URL``; "" stays "".
+
+    Returns:
+        The URL with an async scheme.
+
+    Raises:
+        ValueError: the scheme names a driver or database Treadle cannot use; the
+            message says what to write instead.
+    """
+    if not url:
+        return url
+    scheme, sep, rest = url.partition("://")
+    if not sep:
+        raise ValueError(
+            "not a database URL: write postgresql+asyncpg://user:password@host/db or "
+            "sqlite+aiosqlite:///path"
+        )
+    normalized = _ASYNC_SCHEMES.get(scheme.lower())
+    if normalized is None:
+        base = scheme.split("+", 1)[0].lower()
+        hint = {"postgresql": "postgresql+asyncpg", "postgres": "postgresql+asyncpg"}.get(
+            base, "sqlite+aiosqlite" if base == "sqlite" else None
+        )
+        if hint is None:
+            raise ValueError(
+                f"unsupported database {scheme!r}: Treadle runs on PostgreSQL "
+                "(postgresql+asyncpg://…) or SQLite (sqlite+aiosqlite:///…)"
+            )
+        raise ValueError(f"the {scheme!r} driver is not supported: write {hint}://…")
+    return normalized + "://" + rest
+
+
+def _same_server(a: str, b: str) -> bool:
+    """True when two PostgreSQL URLs name the same hosts, ports and database."""
+    from sqlalchemy.engine import make_url
+
+    def key(url: str) -> tuple[object, ...]:
+        u = make_url(url)
+        host = u.query.get("host") or u.host or ""
+        port = u.query.get("port") or u.port or 5432
+        return (str(host).lower(), str(port), u.database)
+
+    return key(a) == key(b)
 
 
 def format_settings_error(exc: Exception) -> str:

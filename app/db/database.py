@@ -15,15 +15,16 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, TypeVar
 
+import structlog
 from sqlalchemy import event, select
-from sqlalchemy.engine import make_url
+from sqlalchemy.engine import ExceptionContext, make_url
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine, create_async_engine
 from sqlalchemy.pool import AsyncAdaptedQueuePool
 
 from app.core import metrics
 from app.core.settings import DbPooler, Settings
 from app.db.dialect import now_expr
-from app.db.faults import retry_conflicts
+from app.db.faults import pooler_mistake, retry_conflicts
 from app.db.replica import CONNECT_TIMEOUT_SECONDS, ReplicaGate
 from app.db.sqlite import RollbackOnCloseConnection
 from app.db.wakeups import WakeCoalescer
@@ -86,6 +87,28 @@ def pg_connect_args(settings: Settings) -> dict[str, Any]:
     # error (SQLSTATE 57014) cannot be mistaken for the TimeoutError of a step's own
     # timeout.
     return {"server_settings": {"statement_timeout": str(timeout_ms)}}
+
+
+_log = structlog.get_logger("treadle.db")
+_pooler_mistake_logged = False
+
+
+def _name_pooler_mistake(context: ExceptionContext) -> None:
+    """SQLAlchemy ``handle_error`` hook: name a transaction pooler that needs the setting.
+
+    A pooler put in front after start, or one told to ignore the ``statement_timeout``
+    startup parameter, shows only as scattered prepared-statement errors (see
+    :func:`app.db.faults.pooler_mistake`); the first one a process meets is logged as one
+    error naming ``TREADLE_DB_POOLER=transaction``, once per process, so the fix is not
+    buried in per-request 503s or released runs. The error itself propagates unchanged.
+    """
+    global _pooler_mistake_logged
+    if _pooler_mistake_logged:
+        return
+    mistake = pooler_mistake(context.original_exception)
+    if mistake is not None:
+        _pooler_mistake_logged = True
+        _log.error(mistake)
 
 
 class Database:
@@ -217,7 +240,7 @@ class Database:
             connect_args["command_timeout"] = (
                 self.settings.db_statement_timeout_seconds + connect_timeout
             )
-        return create_async_engine(
+        engine = create_async_engine(
             self.url if url is None else url,
             pool_size=pool_size,
             max_overflow=0,
@@ -230,6 +253,9 @@ class Database:
             pool_pre_ping=pre_ping,
             connect_args=connect_args,
         )
+        if self.settings.db_pooler == DbPooler.NONE:
+            event.listen(engine.sync_engine, "handle_error", _name_pooler_mistake)
+        return engine
 
     def _instrument(self, name: str, engine: AsyncEngine) -> None:
         # Pool events fire on checkout and on return (also of an invalidated connection),

@@ -392,51 +392,123 @@ async def retry_conflicts(
         attempt += 1
 
 
+POOLER_HINT = (
+    "TREADLE_DATABASE_URL looks like a transaction-mode pooler (PgBouncer pool_mode = "
+    "transaction): set TREADLE_DB_POOLER=transaction, and TREADLE_LISTEN_DATABASE_URL to a "
+    "direct PostgreSQL connection for the workers' LISTEN (docs/deployment.md, \"Behind "
+    'PgBouncer")'
+)
+"""What :func:`pooler_mistake` tells the operator to do."""
+
+# What a transaction pooler answers to a client configured for direct connections:
+# PgBouncer refuses the statement_timeout startup parameter at connect (08P01), and a
+# named prepared statement goes missing (26000) or collides (42P05) when consecutive
+# round trips land on different server connections (docs/adr/0032-transaction-pooler.md).
+_POOLER_SIGNS = (
+    "unsupported startup parameter",
+    "prepared statement",
+)
+_POOLER_SQLSTATES = frozenset({"26000", "42P05"})
+
+
+def pooler_mistake(exc: BaseException) -> str | None:
+    """:data:`POOLER_HINT` plus the error when ``exc`` is a pooler answering as above.
+
+    Looks at ``exc`` and its causes (SQLAlchemy wraps asyncpg's error): PgBouncer's
+    ``unsupported startup parameter``, asyncpg's ``prepared statement "…" does not exist``
+    / ``already exists`` and their SQLSTATEs 26000 and 42P05 (also
+    ``DuplicatePreparedStatementError``), only possible on PostgreSQL without
+    ``TREADLE_DB_POOLER=transaction``, where Treadle names its statements.
+
+    Returns:
+        One line: the hint, then ``(the error was: …)``; None for any other error.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        message = str(current).lower()
+        code = getattr(current, "sqlstate", None)
+        if code in _POOLER_SQLSTATES or any(sign in message for sign in _POOLER_SIGNS):
+            return f"{POOLER_HINT} (the error was: {describe(exc)[:200]})"
+        current = getattr(current, "orig", None) or current.__cause__
+    return None
+
+
 # Waits between attempts of :func:`wait_out_faults`: doubling from the first, capped.
 START_RETRY_FIRST_SECONDS = 0.2
 START_RETRY_CAP_SECONDS = 2.0
 
 
 async def wait_out_faults(
-    fn: Callable[[], Awaitable[None]], *, what: str, stopping: asyncio.Event
+    fn: Callable[[], Awaitable[None]],
+    *,
+    what: str,
+    stopping: asyncio.Event,
+    give_up_after_seconds: float | None = None,
 ) -> bool:
     """Run ``fn`` until it gets through without a transient fault, or ``stopping`` is set.
 
-    For what a process must do before it can work at all (a worker's schema check and
-    registration): started while PostgreSQL restarts, or restarted in the middle of
-    them, the process waits the outage out like its loops do afterwards, instead of
-    exiting with the fault's traceback. Each fault is logged (``database fault at start;
-    retrying``) and retried after 0.2, 0.4, … up to 2 s; an error that is not a fault
-    (:func:`classify` is None, e.g. a schema at the wrong revision) is raised at once.
+    For what a process must do before it can work at all (``treadle serve``'s schema
+    check, a worker's schema check and registration): started while PostgreSQL
+    restarts, or restarted in the middle of them, the process waits the outage out like
+    its loops do afterwards, instead of exiting with the fault's traceback. Each fault
+    is logged (``database fault at start; retrying``) and retried after 0.2, 0.4, … up
+    to 2 s; an error that is not a fault (:func:`classify` is None, e.g. a schema at the
+    wrong revision) is raised at once. With ``give_up_after_seconds`` (the processes
+    pass ``TREADLE_DB_START_TIMEOUT_SECONDS``) the wait is bounded: a database still
+    unreachable then is a deployment to fix, not an outage to sit out silently
+    (docs/operations.md, "Start-up without a database").
 
     Args:
         fn: the work; one whole attempt per call (a failed one committed nothing).
         what: names the work in the log line.
         stopping: set to give up waiting (SIGTERM).
+        give_up_after_seconds: seconds from the first attempt after which a fault is
+            raised instead of retried; None waits without end, 0 tries once.
 
     Returns:
         True once ``fn`` returned; False if ``stopping`` was set first.
 
     Raises:
+        DatabaseUnreachableAtStart: faults lasted ``give_up_after_seconds``; its detail
+            names the work, the wait and the last error (password redacted).
+        DatabaseMisconfigured: a transaction pooler without TREADLE_DB_POOLER=transaction.
         Whatever ``fn`` raised that is not a transient fault.
     """
+    from app.core.errors import DatabaseMisconfigured, DatabaseUnreachableAtStart
+
+    loop = asyncio.get_running_loop()
+    deadline = None if give_up_after_seconds is None else loop.time() + give_up_after_seconds
     delay = START_RETRY_FIRST_SECONDS
     while not stopping.is_set():
         try:
             await fn()
             return True
         except Exception as exc:
+            mistake = pooler_mistake(exc)
+            if mistake is not None:
+                raise DatabaseMisconfigured(mistake, what=what) from exc
             fault = classify(exc)
             if fault is None:
                 raise
+            left = None if deadline is None else deadline - loop.time()
+            if left is not None and left <= 0:
+                raise DatabaseUnreachableAtStart(
+                    f"the database stayed unreachable for {give_up_after_seconds:g} s "
+                    f"(TREADLE_DB_START_TIMEOUT_SECONDS) at {what}: {describe(exc)[:300]}",
+                    what=what,
+                    fault=fault.value,
+                ) from exc
             log.warning(
                 "database fault at start; retrying",
                 what=what,
                 fault=fault.value,
                 error=describe(exc)[:300],
-                retry_in_seconds=delay,
+                retry_in_seconds=delay if left is None else round(min(delay, left), 3),
             )
+        wait = delay if left is None else min(delay, left)
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stopping.wait(), delay)
+            await asyncio.wait_for(stopping.wait(), wait)
         delay = min(delay * 2, START_RETRY_CAP_SECONDS)
     return False

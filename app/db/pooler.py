@@ -10,6 +10,11 @@ processes look at start-up and say so.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+import uuid
+from typing import Any
+
 from sqlalchemy import text
 
 from app.core.settings import DbPooler
@@ -44,3 +49,51 @@ async def statement_timeout_mismatch(db: Database) -> str | None:
         "TREADLE_DB_POOLER=transaction it is not sent at connect; set it on the role "
         f"(ALTER ROLE <user> SET statement_timeout = {wanted}), see docs/deployment.md"
     )
+
+
+LISTEN_PROBE_CHANNEL = "treadle_listen_probe"
+"""Channel of :func:`notifications_arrive`'s test notification (nobody else listens)."""
+
+
+async def notifications_arrive(listen_conn: Any, db: Database, timeout: float) -> bool:
+    """Whether a NOTIFY sent through ``db`` reaches ``listen_conn`` within ``timeout`` s.
+
+    A worker's LISTEN connection (``TREADLE_LISTEN_DATABASE_URL``) must be a session of
+    its own on the primary. Pointed at a transaction-mode pooler, the LISTEN succeeds
+    but lands on a server connection the pooler lends to others after the statement, so
+    no notification ever reaches the worker; pointed at another server or database, the
+    same. Both look healthy, and workers silently fall back to polling. So the worker
+    sends one notification on :data:`LISTEN_PROBE_CHANNEL` through its main pool and
+    waits for it on ``listen_conn`` (docs/deployment.md, "Behind PgBouncer").
+
+    Args:
+        listen_conn: an open ``asyncpg.Connection`` (the LISTEN connection).
+        db: the process's database (the NOTIFY goes through its writer pool).
+        timeout: seconds to wait for the notification.
+
+    Returns:
+        True once it arrived; False after ``timeout``.
+
+    Raises:
+        Whatever the LISTEN or the NOTIFY raised (a fault: the caller reconnects).
+    """
+    token = uuid.uuid4().hex
+    arrived = asyncio.Event()
+
+    def heard(_conn: Any, _pid: int, _channel: str, payload: str) -> None:
+        if payload == token:
+            arrived.set()
+
+    await listen_conn.add_listener(LISTEN_PROBE_CHANNEL, heard)
+    try:
+        async with db.autocommit() as conn:
+            await conn.execute(
+                text("SELECT pg_notify(:channel, :token)"),
+                {"channel": LISTEN_PROBE_CHANNEL, "token": token},
+            )
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(arrived.wait(), timeout)
+        return arrived.is_set()
+    finally:
+        with contextlib.suppress(Exception):
+            await listen_conn.remove_listener(LISTEN_PROBE_CHANNEL, heard)

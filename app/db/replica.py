@@ -9,7 +9,9 @@ docs/adr/0033-lag-tolerant-reads-on-a-replica.md).
 :class:`ReplicaGate` decides per checkout whether the replica serves the read:
 
 * **unreachable** (connection refused, reset, timed out: :func:`app.db.faults.classify`
-  says ``unavailable``): the read goes to the primary, and so does every lagging read for
+  says ``unavailable``; or any error opening a connection, e.g. a database that does
+  not exist there or a role it refuses, which no retry of the request would fix): the
+  read goes to the primary, and so does every lagging read for
   the next :data:`RECHECK_SECONDS`, so an outage costs one failed connect per interval
   rather than one per request;
 * **too far behind**: its replay lag is measured on the checked-out connection at most
@@ -19,16 +21,20 @@ docs/adr/0033-lag-tolerant-reads-on-a-replica.md).
 
 Either way ``treadle_db_replica_fallbacks_total{reason}`` counts each read the primary
 served instead, and one warning is logged when the replica stops being used (one info
-line when it is used again), not one per read. A full replica pool is *not* a reason to
-fall back: that is load, which the replica exists to keep off the primary; it answers
-503 ``database_busy`` as a full main pool does.
+line when it is used again), not one per read. ``treadle_db_replica_up`` is 1 while the
+replica serves, 0 while it does not, and ``treadle_db_replica_lag_seconds`` is NaN while
+it cannot be reached (no lag was measured, and the last one would look healthy). A full
+replica pool is *not* a reason to fall back: that is load, which the replica exists to
+keep off the primary; it answers 503 ``database_busy`` as a full main pool does.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from collections.abc import Callable
 
+import sqlalchemy.exc
 import structlog
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
@@ -132,9 +138,12 @@ class ReplicaGate:
             return None
         try:
             conn = await self.engine.connect()
-        except Exception as exc:
-            if not _unavailable(exc):
-                raise
+        except sqlalchemy.exc.TimeoutError:
+            raise  # the replica pool is full: load, not a reason to move reads
+        except Exception as exc:  # noqa: BLE001 - every connect failure moves the read
+            # Any other failure to connect is the replica's, whatever its class: a
+            # database that does not exist there (3D000), a role or pg_hba.conf refusing
+            # us (28xxx): nothing of the request has run, and the primary can serve it.
             self._skip(now, "unavailable", error=describe(exc))
             return None
         if now < self._checked_until:
@@ -156,6 +165,7 @@ class ReplicaGate:
             self._checked_until = float("-inf")
             self._skip(now, "lagging", lag_seconds=lag)
             return None
+        metrics.DB_REPLICA_UP.set(1)
         if not self._usable:
             self._usable = True
             log.info("read replica in use again", lag_seconds=round(lag, 3))
@@ -165,6 +175,10 @@ class ReplicaGate:
         self._skip_until = now + RECHECK_SECONDS
         self._skip_reason = reason
         metrics.DB_REPLICA_FALLBACKS.labels(reason).inc()
+        metrics.DB_REPLICA_UP.set(0)
+        if reason == "unavailable":
+            # No lag was measured: the last one shown would claim a healthy replica.
+            metrics.DB_REPLICA_LAG.set(math.nan)
         if self._usable:
             self._usable = False
             log.warning(

@@ -32,7 +32,7 @@ from app.core.status import EventKind, RunReason, RunStatus
 from app.db.database import Database
 from app.db.faults import classify, wait_out_faults
 from app.db.migrations import check_schema
-from app.db.pooler import statement_timeout_mismatch
+from app.db.pooler import notifications_arrive, statement_timeout_mismatch
 from app.db.queries import checkpoints as checkpoints_q
 from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
@@ -53,6 +53,9 @@ from app.worker.webhooks import WebhookSender
 
 log = structlog.get_logger("treadle.worker")
 
+LISTEN_PROBE_SECONDS = 5.0
+"""How long a worker waits for its start-up test notification (a direct LISTEN hears it
+within milliseconds; app.db.pooler.notifications_arrive)."""
 LISTEN_APPLICATION_NAME = "treadle-worker-listen"
 """``application_name`` of a worker's LISTEN connection (see pg_stat_activity)."""
 
@@ -168,10 +171,16 @@ class Worker:
 
         ``on_ready(self)`` is called after registration, before the first claim. A
         registration meeting a database fault (the worker started during an outage, or
-        PostgreSQL restarted just then) is retried until it succeeds or :meth:`stop`
-        (:func:`app.db.faults.wait_out_faults`); stopped first, this returns at once.
+        PostgreSQL restarted just then) is retried until it succeeds, :meth:`stop`, or
+        ``TREADLE_DB_START_TIMEOUT_SECONDS`` (then ``DatabaseUnreachableAtStart``;
+        :func:`app.db.faults.wait_out_faults`); stopped first, this returns at once.
         """
-        if not await wait_out_faults(self.register, what="register", stopping=self._stopping):
+        if not await wait_out_faults(
+            self.register,
+            what="register",
+            stopping=self._stopping,
+            give_up_after_seconds=self.settings.db_start_timeout_seconds,
+        ):
             return
         self.log.info(
             "worker started", definitions=len(self.registry), concurrency=self.concurrency
@@ -629,12 +638,16 @@ class Worker:
         # Named, so operators (and the HA test) can find the LISTEN sessions in
         # pg_stat_activity on whichever node is the primary.
         kwargs["server_settings"] = {"application_name": LISTEN_APPLICATION_NAME}
+        probed = False
         while True:
             conn: Any = None
             try:
                 conn = await asyncpg.connect(**kwargs)
                 await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake.set())
                 self._wake.set()  # catch anything submitted while we were not listening
+                if not probed:
+                    await self._probe_listen(conn)
+                    probed = True  # once per process, unless the probe met a fault
                 while not conn.is_closed():
                     await asyncio.sleep(self.settings.heartbeat_interval_seconds)
                     await conn.execute("SELECT 1")
@@ -647,6 +660,24 @@ class Worker:
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close()
+
+    async def _probe_listen(self, conn: Any) -> None:
+        """Once per process: say so, as an error, if the LISTEN hears no NOTIFY.
+
+        A LISTEN URL that is a transaction pooler (or another server or database) is
+        accepted and hears nothing (:func:`app.db.pooler.notifications_arrive`): the
+        worker still works, by polling, but a wake-up the operator configured is gone.
+        """
+        if await notifications_arrive(conn, self.db, LISTEN_PROBE_SECONDS):
+            return
+        self.log.error(
+            "the LISTEN connection (TREADLE_LISTEN_DATABASE_URL, or TREADLE_DATABASE_URL) "
+            f"heard no test notification within {LISTEN_PROBE_SECONDS:g} s: it must be a "
+            "direct session on the primary of TREADLE_DATABASE_URL, not a transaction "
+            'pooler (docs/deployment.md, "Behind PgBouncer"); this worker wakes by '
+            "polling only",
+            poll_interval_seconds=self.settings.poll_interval_seconds,
+        )
 
     # --- shutdown --------------------------------------------------------------------
 
@@ -693,6 +724,8 @@ async def run_worker(
 
     Raises:
         SchemaVersionMismatch: the database is not migrated to this code's head.
+        DatabaseUnreachableAtStart: the database stayed unreachable for
+            ``TREADLE_DB_START_TIMEOUT_SECONDS`` (each attempt logged a warning).
         HandlersNotLoaded: a handler module is missing, fails to import or defines no
             workflow.
     """
@@ -709,7 +742,10 @@ async def run_worker(
         # Started during a database outage (or one beginning now), the worker waits for
         # the database rather than exiting; a schema at the wrong revision still exits.
         if not await wait_out_faults(
-            lambda: _check_database(db), what="schema check", stopping=worker.stopping
+            lambda: _check_database(db),
+            what="schema check",
+            stopping=worker.stopping,
+            give_up_after_seconds=settings.db_start_timeout_seconds,
         ):
             return
         if metrics_port is not None:
