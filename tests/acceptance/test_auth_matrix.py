@@ -85,6 +85,7 @@ CASES = (
 STEP_ID, SIGNAL = "approve-1", "go"
 BODIES: dict[tuple[str, str], Any] = {
     ("POST", "/runs"): {"workflow": "matrix-owned", "input": {"n": 1}},
+    ("POST", "/runs:batch"): {"runs": [{"workflow": "matrix-owned", "input": {"n": 1}}]},
     ("POST", "/runs/{run_id}/cancel"): {"reason": "matrix"},
     ("POST", "/runs/{run_id}/signals/{name}"): {"payload": 1},
     ("POST", "/runs/{run_id}/approvals/{step_id}"): {"decision": "approve"},
@@ -130,6 +131,7 @@ BODIES: dict[tuple[str, str], Any] = {
 # one else's object to reach; any tenant's admin may suspend any tenant).
 CREATES = {
     ("POST", "/runs"),
+    ("POST", "/runs:batch"),
     ("POST", "/webhooks"),
     ("POST", "/events"),
     ("POST", "/admin/api-keys"),
