@@ -385,7 +385,10 @@ class Step(BaseModel):
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
-    duration_ms: float | None = Field(description="Last attempt's duration in milliseconds.")
+    duration_ms: float | None = Field(
+        description="Last finished attempt's duration in milliseconds; null while an attempt "
+        "runs (``finished_at`` is then null too) or before the first one."
+    )
 
 
 class StepPage(BaseModel):

@@ -117,9 +117,14 @@ def step_view(
     ``redacted`` withholds every payload (see :func:`is_redacted`); ``withheld`` names
     steps whose output alone is withheld (see :func:`withheld_outputs`).
     """
+    started, finished = row["started_at"], row["finished_at"]
+    if started is not None and finished is not None and finished < started:
+        # A finish older than the attempt's start is an earlier attempt's: rows whose
+        # attempt began before an attempt's start cleared ``finished_at`` hold one.
+        finished = None
     duration = None
-    if row["started_at"] is not None and row["finished_at"] is not None:
-        duration = (row["finished_at"] - row["started_at"]).total_seconds() * 1000.0
+    if started is not None and finished is not None:
+        duration = (finished - started).total_seconds() * 1000.0
     return schemas.Step(
         step_id=row["step_id"],
         seq=row["seq"],
@@ -135,8 +140,8 @@ def step_view(
         deadline=row["deadline"],
         detail=None if redacted else json.loads(row["detail"]),
         created_at=row["created_at"],
-        started_at=row["started_at"],
-        finished_at=row["finished_at"],
+        started_at=started,
+        finished_at=finished,
         duration_ms=duration,
     )
 

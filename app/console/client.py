@@ -27,14 +27,17 @@ async def in_process_client(
     """Yield an :class:`AsyncTreadleClient` calling ``app`` with ``Bearer token``.
 
     Retries are off (``max_retries=0``): a 429/503 is shown to the user, not slept on
-    inside their page load. ``request_id`` is forwarded as ``X-Request-ID`` so the API's
+    inside their page load. An error the API did not handle reaches the console as the
+    API's own 500 answer (already logged there), so the page shows the console's error
+    page instead of the exception escaping the page request and uvicorn dropping the
+    browser's connection. ``request_id`` is forwarded as ``X-Request-ID`` so the API's
     log records of the inner calls share the page request's id.
     """
     headers = {"Authorization": f"Bearer {token}", "User-Agent": USER_AGENT}
     if request_id:
         headers["X-Request-ID"] = request_id
     http = httpx.AsyncClient(
-        transport=httpx.ASGITransport(app=app),
+        transport=httpx.ASGITransport(app=app, raise_app_exceptions=False),
         base_url=INTERNAL_BASE_URL,
         headers=headers,
         timeout=30.0,

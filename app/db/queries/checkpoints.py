@@ -51,7 +51,8 @@ journal AS (
     FROM held
     ON CONFLICT (run_id, step_id) DO UPDATE SET
         status = excluded.status, attempt = excluded.attempt, started_at = now(),
-        fence = excluded.fence, next_attempt_at = NULL, error = NULL, detail = excluded.detail
+        finished_at = NULL, fence = excluded.fence, next_attempt_at = NULL, error = NULL,
+        detail = excluded.detail
     RETURNING run_id, tenant_id
 ), {_TIMELINE}
 SELECT count(*) FROM held"""

@@ -88,6 +88,9 @@ def _start_attempt_stmt(dialect: str) -> Any:
             "status": ins.excluded.status,
             "attempt": ins.excluded.attempt,
             "started_at": now,
+            # An attempt in flight has not finished: an earlier attempt's finish time
+            # (a failure requeued from its dead letter, a rerun) must not outlive it.
+            "finished_at": None,
             "fence": ins.excluded.fence,
             "next_attempt_at": None,
             "error": None,
