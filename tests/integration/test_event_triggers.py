@@ -43,6 +43,10 @@ class Strict(BaseModel):
 class Waiter(BaseModel):
     order_id: str
     timeout: float = 30.0
+    # Wait for signal "go" after the event: the run is released for certain (a short
+    # timer may fire inline when its record write outlasts it), so the last execution
+    # replays the event wait from the journal.
+    then_signal: bool = False
 
 
 @workflow("ev-eur", on_event="order.paid", event_filter={"currency": "EUR"})
@@ -84,8 +88,11 @@ async def waiter(ctx: WorkflowContext, inp: Waiter) -> dict[str, Any]:
         )
     except WaitTimedOut:
         return {"timed_out": True}
-    # A released timer after the wait: the body replays it from the journal.
-    await ctx.sleep(0.05)
+    if inp.then_signal:
+        await ctx.signal("go")
+    else:
+        # A timer after the wait (released or, when short enough, fired inline).
+        await ctx.sleep(0.05)
     return {"event_id": got.event_id, "data": got.data, "key": got.key}
 
 
@@ -219,7 +226,9 @@ async def test_wait_for_event_delivers_by_match_and_replays(
 ) -> None:
     await _register(db)
     a = await support.submit(db, esettings, REGISTRY, TENANT, "ev-waiter", order_id="1")
-    b = await support.submit(db, esettings, REGISTRY, TENANT, "ev-waiter", order_id="2")
+    b = await support.submit(
+        db, esettings, REGISTRY, TENANT, "ev-waiter", order_id="2", then_signal=True
+    )
     async with (
         support.api_client(esettings, db, TENANT) as client,
         support.workers(esettings, db, REGISTRY),
@@ -238,6 +247,9 @@ async def test_wait_for_event_delivers_by_match_and_replays(
             json={"name": "payment.done", "data": {"order": {"id": "2"}, "ok": True}, "key": "p2"},
         )
         assert hit.json()["resumed_run_ids"] == [str(b)]
+        await support.reach(db, TENANT, b, "waiting_signal")
+        sent = await client.post(f"/runs/{b}/signals/go", json={"payload": None})
+        assert sent.status_code == 202, sent.text
         row = await _finished(db, str(b))
         assert row["status"] == "completed"
         out = (await client.get(f"/runs/{b}")).json()["output"]
@@ -256,7 +268,7 @@ async def test_wait_for_event_delivers_by_match_and_replays(
         timeline = (await client.get(f"/runs/{b}/events")).json()["items"]
         delivered = [e for e in timeline if e["kind"] == "event_delivered"]
         assert len(delivered) == 1
-        # Claimed to wait, again for the event, again after the timer: the last execution
+        # Claimed to wait, again for the event, again for the signal: the last execution
         # replayed the wait from the journal, which gave it the same event.
         assert sum(e["kind"] == "run_claimed" for e in timeline) >= 3
         steps = (await client.get(f"/runs/{b}/steps")).json()["items"]
