@@ -446,6 +446,48 @@ class PatroniCluster:
             return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
         return f"{driver}://postgres@/{database}?{self.hosts()}&target_session_attrs=read-write"
 
+    def create_database(self, name: str) -> str:
+        """(Re)create database ``name`` on the primary, migrated to head; its multi-host URL.
+
+        Returns once every node has it (a standby replays ``CREATE DATABASE`` after the
+        primary's synchronous commit returns, which waits for flush only) and the
+        migrations ran through the multi-host URL.
+        """
+
+        async def create() -> None:
+            conn = await asyncpg.connect(self.url("postgres", "postgresql"))
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                await conn.execute(f'CREATE DATABASE "{name}"')
+            finally:
+                await conn.close()
+
+        async def everywhere() -> bool:
+            # asyncpg tries the hosts in order and gives up at the first that lacks the
+            # database, before asking whether it is the read-write one: a standby that
+            # has flushed but not yet replayed CREATE DATABASE would fail a multi-host
+            # connect.
+            for node in self.nodes:
+                conn = await asyncpg.connect(node.url("postgres"), timeout=5)
+                try:
+                    if not await conn.fetchval(
+                        "SELECT count(*) FROM pg_database WHERE datname = $1", name
+                    ):
+                        return False
+                finally:
+                    await conn.close()
+            return True
+
+        import asyncio
+
+        from app.db.migrations import upgrade_to_head
+
+        asyncio.run(create())
+        _poll(lambda: asyncio.run(everywhere()), timeout=60, what=f"{name} on every node")
+        url = self.url(name)
+        upgrade_to_head(url)  # Alembic through the multi-host URL
+        return url
+
     @staticmethod
     def _tail(path: Path, chars: int = 3000) -> str:
         try:

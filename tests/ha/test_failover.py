@@ -18,11 +18,9 @@ from __future__ import annotations
 import asyncio
 import os
 import subprocess
-import tempfile
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
@@ -32,7 +30,6 @@ import httpx
 import psutil  # type: ignore[import-untyped]
 import pytest
 
-from app.db.migrations import upgrade_to_head
 from app.worker.worker import LISTEN_APPLICATION_NAME
 from benchmarks.chaos import Harness, Stats, invariants
 from benchmarks.chaos_workflows import KINDS
@@ -53,13 +50,6 @@ pytestmark = [
     pytest.mark.skipif(available() is not None, reason=str(available())),
     pytest.mark.xdist_group("ha"),
 ]
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[PatroniCluster]:
-    """One etcd + two Patroni nodes for the module (stopped even when a test fails)."""
-    with PatroniCluster(Path(tempfile.mkdtemp(prefix="treadle-ha-"))) as c:
-        yield c
 
 
 class Load:
@@ -179,37 +169,7 @@ class Load:
 
 
 def _database(cluster: PatroniCluster) -> str:
-    async def create() -> None:
-        conn = await asyncpg.connect(cluster.url("postgres", "postgresql"))
-        try:
-            await conn.execute("DROP DATABASE IF EXISTS treadle WITH (FORCE)")
-            await conn.execute("CREATE DATABASE treadle")
-        finally:
-            await conn.close()
-
-    async def everywhere() -> bool:
-        # asyncpg tries the hosts in order and gives up at the first that lacks the
-        # database, before asking whether it is the read-write one: a standby that has
-        # flushed (synchronous commit) but not yet replayed CREATE DATABASE would fail
-        # the multi-host connect below.
-        for node in cluster.nodes:
-            conn = await asyncpg.connect(node.url("postgres"), timeout=5)
-            try:
-                if not await conn.fetchval(
-                    "SELECT count(*) FROM pg_database WHERE datname = 'treadle'"
-                ):
-                    return False
-            finally:
-                await conn.close()
-        return True
-
-    asyncio.run(create())
-    wait_for_sync(
-        lambda: asyncio.run(everywhere()), timeout=60, interval=0.1, what="database on every node"
-    )
-    url = cluster.url("treadle")
-    upgrade_to_head(url)  # Alembic through the multi-host URL
-    return url
+    return cluster.create_database("treadle")
 
 
 def _listeners(node: Node, since_epoch: float = 0.0) -> dict[int, int]:
