@@ -31,6 +31,7 @@ import os
 import re
 import threading
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
@@ -50,6 +51,7 @@ pytestmark = [
 ]
 
 DATABASE = "treadle_reads"
+MAX_LAG_SECONDS = 3600.0  # replay stays paused for a while; the bound has its own tests
 
 
 def _fetch(node: Node, sql: str, *args: object) -> list[Any]:
@@ -171,8 +173,12 @@ class Reader:
         self.client.close()
 
 
-def _scrape(stack: Stack) -> str:
-    return httpx.get(stack.url + "/metrics", timeout=30).text
+def _fallbacks(stack: Stack) -> dict[str, float]:
+    body = httpx.get(stack.url + "/metrics", timeout=30).text
+    return {
+        reason: _metric(body, "treadle_db_replica_fallbacks_total", f'{{reason="{reason}"}}') or 0.0
+        for reason in ("unavailable", "lagging")
+    }
 
 
 @pytest.mark.timeout(420)
@@ -188,8 +194,7 @@ def test_lists_on_the_patroni_standby_before_and_after_failover(
         {
             "TREADLE_DATABASE_URL": url,
             "TREADLE_READ_DATABASE_URL": read_url,
-            # Replay stays paused for a while below; the bound has its own tests.
-            "TREADLE_READ_MAX_LAG_SECONDS": "3600",
+            "TREADLE_READ_MAX_LAG_SECONDS": str(MAX_LAG_SECONDS),
             "TREADLE_AUTH_MODE": "dev",
             "TREADLE_DEV_SECRET": DEV_SECRET,
             "TREADLE_DATA_DIR": str(tmp_path / "data"),
@@ -235,10 +240,8 @@ def test_lists_on_the_patroni_standby_before_and_after_failover(
             # The list and the counts are the standby's, which stopped before the submit.
             assert _listed(c) == {before: "completed"}
             assert c.get("/runs/counts").json()["total"] == 1
-            scrape = _scrape(stack)
-            assert _metric(scrape, "treadle_db_replica_up") == 1.0
-            lag = _metric(scrape, "treadle_db_replica_lag_seconds")
-            assert lag is not None and lag >= 0.0
+            up, lag = _gauges(stack)
+            assert up == 1.0 and lag is not None and 0.0 <= lag <= MAX_LAG_SECONDS, (up, lag)
             # Who is connected to the standby: the API (its replica pool), never the worker
             # (claims, heartbeats, checkpoints), although it was given the same read URL.
             on_standby = _sessions_by_pid(standby, procs)
@@ -270,9 +273,7 @@ def test_lists_on_the_patroni_standby_before_and_after_failover(
             failover_reads = dict(during_failover.statuses)
 
             # --- 3. switchover back: the read URL's node is a standby again -------------
-            unavailable = _metric(
-                _scrape(stack), "treadle_db_replica_fallbacks_total", '{reason="unavailable"}'
-            )
+            skipped = _fallbacks(stack)
             with Reader(stack) as during_switchover:
                 old, new = cluster.switchover()
                 assert (old, new) == (standby, primary)
@@ -288,46 +289,49 @@ def test_lists_on_the_patroni_standby_before_and_after_failover(
                     what="the run listed after the switchover",
                 )
             assert not during_switchover.bad, during_switchover.bad[:5]
-            # While the node restarted, reads went to the primary and were counted so.
-            assert (
-                _metric(
-                    _scrape(stack),
-                    "treadle_db_replica_fallbacks_total",
-                    '{reason="unavailable"}',
-                )
-                or 0.0
-            ) > (unavailable or 0.0)
-            # A scrape that says "down" never shows a lag that would look healthy.
+            # While the node restarted, reads went to the primary and were counted so:
+            # unavailable while it was down, lagging while its lag could not be told.
+            skipped_now = _fallbacks(stack)
+            assert sum(skipped_now.values()) > sum(skipped.values()), (skipped, skipped_now)
+            # Every scrape is consistent with the gauges' meaning (app/core/metrics.py):
+            # up with a lag inside the bound, or down with NaN (unreachable), -1 (lag
+            # unknown: WAL pending, nothing replayed since it started) or a lag past it.
             for up, lag in during_switchover.samples + during_failover.samples:
-                assert up in (0.0, 1.0)
-                if up == 0.0:
-                    assert lag is None or math.isnan(lag), (up, lag)
-            # Lists come from the standby again: with its replay paused they miss a new run.
+                assert lag is not None, (up, lag)
+                if up == 1.0:
+                    assert 0.0 <= lag <= MAX_LAG_SECONDS, (up, lag)
+                else:
+                    assert up == 0.0 and (math.isnan(lag) or lag == -1.0 or lag > MAX_LAG_SECONDS)
+            # The gauges say the standby serves again, within a recheck interval...
+            wait_for_sync(
+                lambda: (
+                    (g := _gauges(stack))[0] == 1.0
+                    and g[1] is not None
+                    and 0.0 <= g[1] <= MAX_LAG_SECONDS
+                ),
+                timeout=30,
+                what="gauges: up, a lag inside the bound",
+            )
+            # ... and it does: with its replay paused, lists miss a run finished since.
             _pause_replay(standby)
             paused = True
             unseen = _submit(c, "unseen")
             _completed(c, unseen)
-            assert unseen not in (_listed(c) or {unseen: "?"})
-            wait_for_sync(
-                lambda: (
-                    (up := _gauges(stack))[0] == 1.0
-                    and up[1] is not None
-                    and math.isfinite(up[1])
-                    and up[1] >= 0.0
-                ),
-                timeout=10,
-                what="gauges: up, a finite lag",
-            )
+            listed = _listed(c)
+            assert listed is not None and back in listed and unseen not in listed, listed
+            assert _gauges(stack)[0] == 1.0
             assert _sessions_by_pid(standby, procs)["worker"] == 0
             _resume_replay(standby)
             paused = False
-            down = sum(1 for up, _ in during_switchover.samples if up == 0.0)
+            seen = Counter(
+                "up" if up == 1.0 else ("down, NaN" if math.isnan(lag or 0.0) else f"down, {lag}")
+                for up, lag in during_switchover.samples
+            )
             print()
             print(f"reads during the failover: {failover_reads}")
-            print(
-                f"reads during the switchover: {during_switchover.statuses}; "
-                f"scrapes {len(during_switchover.samples)}, of which replica down: {down}"
-            )
+            print(f"reads during the switchover: {during_switchover.statuses}")
+            print(f"gauges scraped during the switchover: {dict(seen)}")
+            print(f"fallbacks by reason over the switchover: {skipped} -> {skipped_now}")
     finally:
         if paused:
             _resume_replay(standby)
