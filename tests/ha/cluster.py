@@ -429,6 +429,24 @@ class PatroniCluster:
         )
         return old, new
 
+    def maintenance(self, on: bool, timeout: float = 60) -> None:
+        """Patroni's maintenance mode on or off (``patronictl pause``/``resume --wait``).
+
+        While on, Patroni neither fails over nor acts on PostgreSQL. A test that pauses
+        WAL replay on a standby needs it: otherwise Patroni resumes the replay on its
+        next loop (PostgreSQL 14+, ``Postgresql.handle_parameter_change``).
+        """
+        config = self.nodes[0].dir / "patroni.yml"
+        done = subprocess.run(
+            [*self._as, str(PATRONICTL), "-c", str(config), "pause" if on else "resume",
+             self.scope, "--wait"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+
     # --- clients -------------------------------------------------------------------------
 
     def hosts(self) -> str:

@@ -6,8 +6,9 @@ read-write URL and ``TREADLE_READ_DATABASE_URL`` = the synchronous standby's own
 does the same against a ``pg_basebackup`` standby).
 
 1. **Lists from the standby, decisions from the primary.** Replay is paused on the
-   standby (Patroni's ``synchronous_mode`` waits for the standby's flush, not its
-   replay, so commits go on): a list and the counts miss the run submitted afterwards,
+   standby, with Patroni in maintenance mode meanwhile (it would resume the replay);
+   Patroni's ``synchronous_mode`` waits for the standby's flush, not its replay, so
+   commits go on: a list and the counts miss the run submitted afterwards,
    while its submit, idempotent retry, claim, execution and single-run ``GET`` behave.
    ``pg_stat_activity`` on the standby shows sessions of the API process only, none of
    the worker's; ``treadle_db_replica_up`` is 1.
@@ -112,7 +113,8 @@ def _completed(c: httpx.Client, run_id: str) -> None:
     )
 
 
-def _pause_replay(standby: Node) -> None:
+def _pause_replay(cluster: PatroniCluster, standby: Node) -> None:
+    cluster.maintenance(True)  # else Patroni resumes the replay within a loop
     _fetch(standby, "SELECT pg_wal_replay_pause()")
     wait_for_sync(
         lambda: _fetch(standby, "SELECT pg_get_wal_replay_pause_state()")[0][0] == "paused",
@@ -121,9 +123,10 @@ def _pause_replay(standby: Node) -> None:
     )
 
 
-def _resume_replay(standby: Node) -> None:
+def _resume_replay(cluster: PatroniCluster, standby: Node) -> None:
     with contextlib.suppress(OSError, asyncpg.PostgresError):  # promoted: nothing paused
         _fetch(standby, "SELECT pg_wal_replay_resume()")
+    cluster.maintenance(False)
 
 
 def _gauges(stack: Stack) -> tuple[float | None, float | None]:
@@ -222,8 +225,8 @@ def test_lists_on_the_patroni_standby_before_and_after_failover(
                 timeout=60,
                 what="the first run listed from the standby",
             )
-            _pause_replay(standby)
-            paused = True
+            paused = True  # first: a failure half-way still ends maintenance mode
+            _pause_replay(cluster, standby)
             after = _submit(c, "after")
             again = c.post(
                 "/runs",
@@ -247,7 +250,7 @@ def test_lists_on_the_patroni_standby_before_and_after_failover(
             on_standby = _sessions_by_pid(standby, procs)
             assert on_standby["api"] >= 1 and on_standby["worker"] == 0, on_standby
             assert _sessions_by_pid(primary, procs)["worker"] >= 1
-            _resume_replay(standby)
+            _resume_replay(cluster, standby)
             paused = False
             wait_for_sync(
                 lambda: after in (_listed(c) or {}), timeout=60, what="listed after resume"
@@ -313,15 +316,15 @@ def test_lists_on_the_patroni_standby_before_and_after_failover(
                 what="gauges: up, a lag inside the bound",
             )
             # ... and it does: with its replay paused, lists miss a run finished since.
-            _pause_replay(standby)
-            paused = True
+            paused = True  # first: a failure half-way still ends maintenance mode
+            _pause_replay(cluster, standby)
             unseen = _submit(c, "unseen")
             _completed(c, unseen)
             listed = _listed(c)
             assert listed is not None and back in listed and unseen not in listed, listed
             assert _gauges(stack)[0] == 1.0
             assert _sessions_by_pid(standby, procs)["worker"] == 0
-            _resume_replay(standby)
+            _resume_replay(cluster, standby)
             paused = False
             seen = Counter(
                 "up" if up == 1.0 else ("down, NaN" if math.isnan(lag or 0.0) else f"down, {lag}")
@@ -334,5 +337,5 @@ def test_lists_on_the_patroni_standby_before_and_after_failover(
             print(f"fallbacks by reason over the switchover: {skipped} -> {skipped_now}")
     finally:
         if paused:
-            _resume_replay(standby)
+            _resume_replay(cluster, standby)
         stack.stop()
