@@ -6,8 +6,15 @@ timers, signals and approvals are in flight, the primary's postmaster is killed 
 promotes the synchronous standby), then a switchover is made. Every API response is
 recorded; afterwards the chaos harness's invariants (``benchmarks.chaos.invariants``) are
 checked from the database, plus: no acknowledged run missing, no 5xx but 503 (each with
-Retry-After), and both workers LISTENing on the new primary. The unavailability window
-(first failing to first succeeding ``POST /runs``) is printed for each fault.
+Retry-After). The unavailability window (first failing to first succeeding ``POST /runs``)
+is printed for each fault.
+
+After each fault every worker process, a third one included that polls only once a
+minute (``tests/ha/wake_workflows.py``), must have a LISTEN session on the new primary
+(``application_name`` ``treadle-worker-listen`` in that node's ``pg_stat_activity``,
+begun after the fault, tied to the worker by its client port) within 30 s of the cluster
+being healthy, and that worker must then start a new run within 10 s: a ``NOTIFY``
+wake-up, since its poll would take up to 60 s.
 
 Bounded by default; ``TREADLE_HA_LONG=1`` (``make ha``) runs more runs and three
 failovers in a row.
