@@ -39,8 +39,10 @@ openapi:
 	uv run python -m app.api.openapi > openapi/openapi.json
 
 # The long HA failover test (tests/ha, docs/deployment.md#high-availability-with-patroni):
-# more runs and three kill -9 failovers in a row, then a switchover. `make test` runs the
-# bounded version (one failover, one switchover).
+# more runs and three kill -9 failovers in a row, then a switchover, each followed by the
+# per-worker LISTEN and NOTIFY wake-up checks; then the read-replica test on the Patroni
+# standby (one cluster for both). `make test` runs the bounded version (one failover, one
+# switchover).
 ha: install
 	scripts/install-ha
 	TREADLE_HA_LONG=1 uv run pytest tests/ha -p no:randomly -s -q

@@ -58,6 +58,11 @@ LISTEN_PROBE_SECONDS = 5.0
 within milliseconds; app.db.pooler.notifications_arrive)."""
 LISTEN_APPLICATION_NAME = "treadle-worker-listen"
 """``application_name`` of a worker's LISTEN connection (see pg_stat_activity)."""
+LISTEN_RETRY_SECONDS = (0.1, 2.0)
+"""First and longest pause between reconnects of a lost LISTEN connection (doubling, never
+longer than ``TREADLE_POLL_INTERVAL_SECONDS``). Not the poll interval itself: until LISTEN
+is back the worker wakes only by polling, and a failover (docs/adr/0031) is over in
+seconds while a poll interval may be a minute."""
 
 
 @dataclass(eq=False)
@@ -639,12 +644,21 @@ class Worker:
         # pg_stat_activity on whichever node is the primary.
         kwargs["server_settings"] = {"application_name": LISTEN_APPLICATION_NAME}
         probed = False
+        pause = LISTEN_RETRY_SECONDS[0]
+        lost_at: float | None = None  # monotonic time the connection was lost, while it is
         while True:
             conn: Any = None
             try:
                 conn = await asyncpg.connect(**kwargs)
                 await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake.set())
                 self._wake.set()  # catch anything submitted while we were not listening
+                pause = LISTEN_RETRY_SECONDS[0]
+                if lost_at is not None:
+                    self.log.info(
+                        "listen connection re-established",
+                        after_seconds=round(time.monotonic() - lost_at, 3),
+                    )
+                    lost_at = None
                 if not probed:
                     await self._probe_listen(conn)
                     probed = True  # once per process, unless the probe met a fault
@@ -654,8 +668,11 @@ class Worker:
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reconnect after a pause
-                self.log.warning("listen connection lost", error=str(exc)[:300])
-                await asyncio.sleep(self.settings.poll_interval_seconds)
+                if lost_at is None:  # one line per outage, not one per attempt
+                    lost_at = time.monotonic()
+                    self.log.warning("listen connection lost", error=str(exc)[:300])
+                await asyncio.sleep(min(pause, self.settings.poll_interval_seconds))
+                pause = min(pause * 2, LISTEN_RETRY_SECONDS[1])
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):

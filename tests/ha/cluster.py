@@ -429,6 +429,24 @@ class PatroniCluster:
         )
         return old, new
 
+    def maintenance(self, on: bool, timeout: float = 60) -> None:
+        """Patroni's maintenance mode on or off (``patronictl pause``/``resume --wait``).
+
+        While on, Patroni neither fails over nor acts on PostgreSQL. A test that pauses
+        WAL replay on a standby needs it: otherwise Patroni resumes the replay on its
+        next loop (PostgreSQL 14+, ``Postgresql.handle_parameter_change``).
+        """
+        config = self.nodes[0].dir / "patroni.yml"
+        done = subprocess.run(
+            [*self._as, str(PATRONICTL), "-c", str(config), "pause" if on else "resume",
+             self.scope, "--wait"],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )  # fmt: skip
+        assert done.returncode == 0, done.stdout + done.stderr
+
     # --- clients -------------------------------------------------------------------------
 
     def hosts(self) -> str:
@@ -445,6 +463,48 @@ class PatroniCluster:
             hosts = ",".join(f"127.0.0.1:{n.pg_port}" for n in self.nodes)
             return f"postgresql://postgres@{hosts}/{database}?target_session_attrs=read-write"
         return f"{driver}://postgres@/{database}?{self.hosts()}&target_session_attrs=read-write"
+
+    def create_database(self, name: str) -> str:
+        """(Re)create database ``name`` on the primary, migrated to head; its multi-host URL.
+
+        Returns once every node has it (a standby replays ``CREATE DATABASE`` after the
+        primary's synchronous commit returns, which waits for flush only) and the
+        migrations ran through the multi-host URL.
+        """
+
+        async def create() -> None:
+            conn = await asyncpg.connect(self.url("postgres", "postgresql"))
+            try:
+                await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+                await conn.execute(f'CREATE DATABASE "{name}"')
+            finally:
+                await conn.close()
+
+        async def everywhere() -> bool:
+            # asyncpg tries the hosts in order and gives up at the first that lacks the
+            # database, before asking whether it is the read-write one: a standby that
+            # has flushed but not yet replayed CREATE DATABASE would fail a multi-host
+            # connect.
+            for node in self.nodes:
+                conn = await asyncpg.connect(node.url("postgres"), timeout=5)
+                try:
+                    if not await conn.fetchval(
+                        "SELECT count(*) FROM pg_database WHERE datname = $1", name
+                    ):
+                        return False
+                finally:
+                    await conn.close()
+            return True
+
+        import asyncio
+
+        from app.db.migrations import upgrade_to_head
+
+        asyncio.run(create())
+        _poll(lambda: asyncio.run(everywhere()), timeout=60, what=f"{name} on every node")
+        url = self.url(name)
+        upgrade_to_head(url)  # Alembic through the multi-host URL
+        return url
 
     @staticmethod
     def _tail(path: Path, chars: int = 3000) -> str:

@@ -6,8 +6,15 @@ timers, signals and approvals are in flight, the primary's postmaster is killed 
 promotes the synchronous standby), then a switchover is made. Every API response is
 recorded; afterwards the chaos harness's invariants (``benchmarks.chaos.invariants``) are
 checked from the database, plus: no acknowledged run missing, no 5xx but 503 (each with
-Retry-After), and both workers LISTENing on the new primary. The unavailability window
-(first failing to first succeeding ``POST /runs``) is printed for each fault.
+Retry-After). The unavailability window (first failing to first succeeding ``POST /runs``)
+is printed for each fault.
+
+After each fault every worker process, a third one included that polls only once a
+minute (``tests/ha/wake_workflows.py``), must have a LISTEN session on the new primary
+(``application_name`` ``treadle-worker-listen`` in that node's ``pg_stat_activity``,
+begun after the fault, tied to the worker by its client port) within 30 s of the cluster
+being healthy, and that worker must then start a new run within 10 s: a ``NOTIFY``
+wake-up, since its poll would take up to 60 s.
 
 Bounded by default; ``TREADLE_HA_LONG=1`` (``make ha``) runs more runs and three
 failovers in a row.
@@ -17,44 +24,39 @@ from __future__ import annotations
 
 import asyncio
 import os
-import tempfile
+import subprocess
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any, cast
 
 import asyncpg
 import httpx
+import psutil  # type: ignore[import-untyped]
 import pytest
 
-from app.db.migrations import upgrade_to_head
 from app.worker.worker import LISTEN_APPLICATION_NAME
 from benchmarks.chaos import Harness, Stats, invariants
 from benchmarks.chaos_workflows import KINDS
 from tests.acceptance.conftest import ROOT, Stack, token
 from tests.conftest import DEV_SECRET
-from tests.ha.cluster import PatroniCluster, available
+from tests.ha.cluster import Node, PatroniCluster, available
 from tests.helpers import TLS, wait_for_sync
 
 LONG = os.environ.get("TREADLE_HA_LONG") == "1"
 RUNS = 120 if LONG else 30
 FAILOVERS = 3 if LONG else 1
 WORKERS = 2
+SLEEPY_POLL_SECONDS = 60.0  # the long-poll worker's TREADLE_POLL_INTERVAL_SECONDS (max 60)
+WAKE_BOUND_SECONDS = 10.0  # a NOTIFY-driven wake-up, far inside that poll interval
+LISTEN_BOUND_SECONDS = 30.0  # LISTEN back on the new primary, after it is healthy
 
 pytestmark = [
     pytest.mark.skipif(available() is not None, reason=str(available())),
     pytest.mark.xdist_group("ha"),
 ]
-
-
-@pytest.fixture(scope="module")
-def cluster() -> Iterator[PatroniCluster]:
-    """One etcd + two Patroni nodes for the module (stopped even when a test fails)."""
-    with PatroniCluster(Path(tempfile.mkdtemp(prefix="treadle-ha-"))) as c:
-        yield c
 
 
 class Load:
@@ -174,56 +176,79 @@ class Load:
 
 
 def _database(cluster: PatroniCluster) -> str:
-    async def create() -> None:
-        conn = await asyncpg.connect(cluster.url("postgres", "postgresql"))
+    return cluster.create_database("treadle")
+
+
+def _listeners(node: Node, since_epoch: float = 0.0) -> dict[int, int]:
+    """``{client port: count}`` of LISTEN sessions on ``node`` that began after ``since``.
+
+    ``since_epoch`` (wall-clock seconds, the same clock PostgreSQL's ``backend_start``
+    reads on this machine) keeps out a session that was already there before a fault.
+    Only sessions on ``node`` itself: the new primary, asked directly, not through the
+    multi-host URL.
+    """
+
+    async def query() -> dict[int, int]:
+        conn = await asyncpg.connect(node.url("postgres"), timeout=5)
         try:
-            await conn.execute("DROP DATABASE IF EXISTS treadle WITH (FORCE)")
-            await conn.execute("CREATE DATABASE treadle")
-        finally:
-            await conn.close()
-
-    async def everywhere() -> bool:
-        # asyncpg tries the hosts in order and gives up at the first that lacks the
-        # database, before asking whether it is the read-write one: a standby that has
-        # flushed (synchronous commit) but not yet replayed CREATE DATABASE would fail
-        # the multi-host connect below.
-        for node in cluster.nodes:
-            conn = await asyncpg.connect(node.url("postgres"), timeout=5)
-            try:
-                if not await conn.fetchval(
-                    "SELECT count(*) FROM pg_database WHERE datname = 'treadle'"
-                ):
-                    return False
-            finally:
-                await conn.close()
-        return True
-
-    asyncio.run(create())
-    wait_for_sync(
-        lambda: asyncio.run(everywhere()), timeout=60, interval=0.1, what="database on every node"
-    )
-    url = cluster.url("treadle")
-    upgrade_to_head(url)  # Alembic through the multi-host URL
-    return url
-
-
-def _listeners(cluster: PatroniCluster) -> int:
-    async def count() -> int:
-        conn = await asyncpg.connect(cluster.url("postgres", "postgresql"), timeout=5)
-        try:
-            return int(
-                await conn.fetchval(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = $1",
-                    LISTEN_APPLICATION_NAME,
-                )
+            rows = await conn.fetch(
+                "SELECT client_port, count(*) AS n FROM pg_stat_activity "
+                "WHERE application_name = $1 AND datname = 'treadle' "
+                "AND backend_start >= to_timestamp($2) GROUP BY client_port",
+                LISTEN_APPLICATION_NAME,
+                since_epoch,
             )
+            return {int(r["client_port"]): int(r["n"]) for r in rows}
         finally:
             await conn.close()
 
     try:
-        return asyncio.run(count())
+        return asyncio.run(query())
     except (OSError, asyncpg.PostgresError, TimeoutError):
-        return 0
+        return {}
+
+
+def _listening_workers(
+    node: Node, workers: list[subprocess.Popen[bytes]], since_epoch: float = 0.0
+) -> dict[int, int] | None:
+    """``{worker pid: its LISTEN sessions on node}`` once every worker has one, else None.
+
+    A LISTEN session is tied to its worker by the TCP port: pg_stat_activity's
+    ``client_port`` is the local port of one of that worker process's sockets (psutil).
+    """
+    ports = _listeners(node, since_epoch)
+    found: dict[int, int] = {}
+    for proc in workers:
+        try:
+            local = {c.laddr.port for c in psutil.Process(proc.pid).net_connections("tcp")}
+        except psutil.Error:
+            return None
+        found[proc.pid] = sum(n for port, n in ports.items() if port in local)
+    return found if all(n >= 1 for n in found.values()) else None
+
+
+def _wake_probe(stack: Stack, n: int) -> float:
+    """Submit one ``ha-wake`` run; seconds from its acknowledgement to its completion.
+
+    Only the long-poll worker runs ``ha-wake`` (tests/ha/wake_workflows.py), so a run
+    finished well inside that worker's poll interval was claimed on a NOTIFY.
+    """
+    body = {"workflow": "ha-wake", "input": {"n": n}, "idempotency_key": f"ha-wake-{n}"}
+    with stack.client() as c:
+
+        def submit() -> str | None:
+            r = c.post("/runs", json=body)
+            return str(r.json()["run_id"]) if r.status_code in (200, 201) else None
+
+        run_id = wait_for_sync(submit, timeout=60, interval=0.1, what="the wake probe acked")
+        at = time.monotonic()
+        wait_for_sync(
+            lambda: c.get(f"/runs/{run_id}").json().get("status") == "completed",
+            timeout=SLEEPY_POLL_SECONDS * 2,
+            interval=0.05,
+            what="the wake probe completed",
+        )
+        return time.monotonic() - at
 
 
 def _terminal(cluster: PatroniCluster, runs: int) -> bool:
@@ -232,7 +257,7 @@ def _terminal(cluster: PatroniCluster, runs: int) -> bool:
         try:
             return int(
                 await conn.fetchval(
-                    "SELECT count(*) FROM runs WHERE status IN "
+                    "SELECT count(*) FROM runs WHERE workflow = 'chaos-mix' AND status IN "
                     "('completed', 'failed', 'cancelled', 'compensated')"
                 )
             )
@@ -265,14 +290,33 @@ def test_failover_and_switchover_under_load(cluster: PatroniCluster, tmp_path: P
     )
     stack = Stack(database_url=url, tmp=tmp_path, env=env)
     load: Load | None = None
+    faults: list[tuple[str, float | None]] = []
+    wakes: list[tuple[str, float]] = []
+    relisten: list[tuple[str, float, dict[int, int]]] = []
     try:
         stack.start_api()
         for _ in range(WORKERS):
             stack.start_worker("benchmarks.chaos_workflows", concurrency=16, timeout=120)
-        wait_for_sync(lambda: _listeners(cluster) >= WORKERS, timeout=60, what="workers LISTEN")
+        # A third worker, of ha-wake only, that polls once a minute: a run of it that
+        # starts within seconds was woken by NOTIFY, i.e. by a live LISTEN.
+        stack.start_worker(
+            "tests.ha.wake_workflows",
+            concurrency=2,
+            timeout=120,
+            extra_env={
+                "TREADLE_POLL_INTERVAL_SECONDS": str(SLEEPY_POLL_SECONDS),
+                "TREADLE_LEASE_TTL_SECONDS": str(SLEEPY_POLL_SECONDS * 2),
+            },
+        )
+        leader, _ = cluster.wait_healthy(timeout=120)
+        wait_for_sync(
+            lambda: _listening_workers(leader, stack.workers),
+            timeout=60,
+            what="every worker LISTENing",
+        )
+        wakes.append(("before any fault", _wake_probe(stack, 0)))
         load = Load(stack, RUNS)
         load.thread.start()
-        faults: list[tuple[str, float | None]] = []
         per_fault = max(1, RUNS // (FAILOVERS + 2))
         for i in range(FAILOVERS + 1):
             target = per_fault * (i + 1)
@@ -283,6 +327,7 @@ def test_failover_and_switchover_under_load(cluster: PatroniCluster, tmp_path: P
             )
             cluster.wait_healthy(timeout=120)
             since = time.monotonic()
+            since_epoch = time.time()
             if i < FAILOVERS:
                 old = cluster.kill_primary_postmaster()
                 name = f"kill -9 of {old.name}'s postmaster"
@@ -291,10 +336,17 @@ def test_failover_and_switchover_under_load(cluster: PatroniCluster, tmp_path: P
                 name = f"switchover from {old.name}"
             new, _standby = cluster.wait_healthy(timeout=120)
             assert new.name != old.name
-            # Workers re-establish LISTEN on the new primary (pg_stat_activity there).
-            wait_for_sync(
-                lambda: _listeners(cluster) >= WORKERS, timeout=60, what="LISTEN on new primary"
+            healthy_at = time.monotonic()
+            # Each worker (by its own sockets) has a LISTEN session on the new primary,
+            # opened after the fault.
+            per_worker = wait_for_sync(
+                lambda: _listening_workers(new, stack.workers, since_epoch),  # noqa: B023
+                timeout=LISTEN_BOUND_SECONDS,
+                interval=0.1,
+                what=f"every worker LISTENing on {new.name} after the {name}",
             )
+            relisten.append((name, time.monotonic() - healthy_at, per_worker))
+            wakes.append((f"after the {name}", _wake_probe(stack, i + 1)))
             wait_for_sync(
                 lambda: load.windows(since) is not None,  # noqa: B023
                 timeout=60,
@@ -332,6 +384,15 @@ def test_failover_and_switchover_under_load(cluster: PatroniCluster, tmp_path: P
     for name, window in faults:
         shown = "no failed POST seen" if window is None else f"{window:.2f} s"
         print(f"unavailability window, {name}: {shown}")
+    for name, seconds, per_worker in relisten:
+        print(
+            f"LISTEN on the new primary {seconds:.2f} s after it was healthy, {name}: "
+            f"sessions per worker pid {per_worker}"
+        )
+    for name, seconds in wakes:
+        print(
+            f"NOTIFY wake-up of the {SLEEPY_POLL_SECONDS:g} s-poll worker, {name}: {seconds:.2f} s"
+        )
     print(f"API statuses: {dict(load.statuses)}; transport errors {load.transport_errors}")
     failed = [name for name, _, ok in table if not ok]
     assert not failed, failed
@@ -341,3 +402,7 @@ def test_failover_and_switchover_under_load(cluster: PatroniCluster, tmp_path: P
     assert len(load.acked) == RUNS
     # The kill -9 failovers must have been seen by clients (else the probe proved nothing).
     assert all(w is not None for _, w in faults if _.startswith("kill")), faults
+    # Every fault was followed by LISTEN on the new primary and a NOTIFY-speed wake-up.
+    assert len(relisten) == len(faults) == FAILOVERS + 1
+    slow = [(name, s) for name, s in wakes if s > WAKE_BOUND_SECONDS]
+    assert not slow, f"woken by polling, not NOTIFY: {slow}"
