@@ -152,6 +152,12 @@ DB_REPLICA_LAG = Gauge(
     "record it received; -1: unknown, WAL pending but no transaction replayed yet; NaN: "
     "the replica could not be reached at the last try).",
 )
+DB_REPLICA_IN_RECOVERY = Gauge(
+    "treadle_db_replica_in_recovery",
+    "1 while the server TREADLE_READ_DATABASE_URL names is a standby (in recovery), 0 "
+    "when it is a primary (a promoted standby after a failover, or the URL names one): "
+    "reads it serves are then correct but offload nothing; as last measured.",
+)
 DB_REPLICA_UP = Gauge(
     "treadle_db_replica_up",
     "1 while the read replica serves the reads that may lag, 0 while they go to the "

@@ -23,7 +23,10 @@ Either way ``treadle_db_replica_fallbacks_total{reason}`` counts each read the p
 served instead, and one warning is logged when the replica stops being used (one info
 line when it is used again), not one per read. ``treadle_db_replica_up`` is 1 while the
 replica serves, 0 while it does not, and ``treadle_db_replica_lag_seconds`` is NaN while
-it cannot be reached (no lag was measured, and the last one would look healthy). A full
+it cannot be reached (no lag was measured, and the last one would look healthy).
+``treadle_db_replica_in_recovery`` is 0 when the server the URL names is a primary (a
+failover promoted the standby): it still serves, correctly and never behind, but offloads
+nothing, which a warning says once and the gauge shows until it is a standby again. A full
 replica pool is *not* a reason to fall back: that is load, which the replica exists to
 keep off the primary; it answers 503 ``database_busy`` as a full main pool does.
 """
@@ -63,7 +66,7 @@ fire then) fails the read instead of holding the request forever."""
 # measures lag the same way); NULL when nothing was replayed since the standby started.
 _LAG_SQL = text(
     """
-    SELECT CASE
+    SELECT pg_is_in_recovery(), CASE
         WHEN NOT pg_is_in_recovery() THEN 0.0
         WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0.0
         ELSE EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp())
@@ -83,17 +86,19 @@ def _unavailable(exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError) or classify(exc) is DbFault.UNAVAILABLE
 
 
-async def replay_lag_seconds(conn: AsyncConnection) -> float | None:
-    """How many seconds the server behind ``conn`` trails its primary, or None if unknown.
+async def replica_status(conn: AsyncConnection) -> tuple[bool, float | None]:
+    """Whether the server behind ``conn`` is a standby, and how many seconds it trails.
 
-    0.0 for a server that is not a standby. Runs one statement and ends the transaction
-    it began, so the caller can ``begin()`` its own.
+    Returns:
+        ``(in_recovery, lag)``: ``lag`` is 0.0 for a server that is not a standby, None
+        when it cannot be told. Runs one statement and ends the transaction it began, so
+        the caller can ``begin()`` its own.
     """
     try:
-        value = (await conn.execute(_LAG_SQL)).scalar_one()
+        in_recovery, value = (await conn.execute(_LAG_SQL)).one()
     finally:
         await conn.rollback()
-    return None if value is None else max(float(value), 0.0)
+    return bool(in_recovery), None if value is None else max(float(value), 0.0)
 
 
 class ReplicaGate:
@@ -118,6 +123,7 @@ class ReplicaGate:
         self._checked_until = float("-inf")  # its lag was fine when measured, until then
         self._skip_reason = ""
         self._usable = True  # for logging changes only
+        self._standby = True  # likewise: the URL's server was in recovery when last seen
 
     async def connect(self) -> AsyncConnection | None:
         """A replica connection fit for a read that may lag, or None: read the primary.
@@ -151,7 +157,7 @@ class ReplicaGate:
         # Claimed before the round trip: reads arriving meanwhile do not measure too.
         self._checked_until = now + RECHECK_SECONDS
         try:
-            lag = await replay_lag_seconds(conn)
+            in_recovery, lag = await replica_status(conn)
         except Exception as exc:
             await conn.close()
             self._checked_until = float("-inf")
@@ -160,6 +166,7 @@ class ReplicaGate:
             self._skip(now, "unavailable", error=describe(exc))
             return None
         metrics.DB_REPLICA_LAG.set(-1.0 if lag is None else lag)
+        self._note_role(in_recovery)
         if lag is None or lag > self.max_lag_seconds:
             await conn.close()
             self._checked_until = float("-inf")
@@ -170,6 +177,22 @@ class ReplicaGate:
             self._usable = True
             log.info("read replica in use again", lag_seconds=round(lag, 3))
         return conn
+
+    def _note_role(self, in_recovery: bool) -> None:
+        # A primary behind the read URL serves correct reads (never behind), so it is
+        # used; but it offloads nothing, which the operator must hear of once.
+        metrics.DB_REPLICA_IN_RECOVERY.set(1 if in_recovery else 0)
+        if in_recovery == self._standby:
+            return
+        self._standby = in_recovery
+        if in_recovery:
+            log.info("read replica is a standby again: reads that may lag are offloaded")
+        else:
+            log.warning(
+                "read replica is a primary (promoted by a failover, or the URL names one): "
+                "reads that may lag are served but offload nothing; point "
+                "TREADLE_READ_DATABASE_URL at a standby"
+            )
 
     def _skip(self, now: float, reason: str, **detail: object) -> None:
         self._skip_until = now + RECHECK_SECONDS

@@ -137,6 +137,11 @@ def _gauges(stack: Stack) -> tuple[float | None, float | None]:
     )
 
 
+def _role_gauge(stack: Stack) -> float | None:
+    body = httpx.get(stack.url + "/metrics", timeout=30).text
+    return _metric(body, "treadle_db_replica_in_recovery")
+
+
 class Reader:
     """Lists runs and scrapes /metrics in a loop beside a fault; records what it saw."""
 
@@ -245,6 +250,7 @@ def test_lists_on_the_patroni_standby_before_and_after_failover(
             assert c.get("/runs/counts").json()["total"] == 1
             up, lag = _gauges(stack)
             assert up == 1.0 and lag is not None and 0.0 <= lag <= MAX_LAG_SECONDS, (up, lag)
+            assert _role_gauge(stack) == 1.0  # a standby: the reads are offloaded
             # Who is connected to the standby: the API (its replica pool), never the worker
             # (claims, heartbeats, checkpoints), although it was given the same read URL.
             on_standby = _sessions_by_pid(standby, procs)
@@ -272,6 +278,10 @@ def test_lists_on_the_patroni_standby_before_and_after_failover(
             # serves, and it trails nothing.
             wait_for_sync(
                 lambda: _gauges(stack) == (1.0, 0.0), timeout=10, what="gauges: up, lag 0"
+            )
+            # ... and that it is a primary now: the reads offload nothing.
+            wait_for_sync(
+                lambda: _role_gauge(stack) == 0.0, timeout=10, what="gauge: not in recovery"
             )
             failover_reads = dict(during_failover.statuses)
 
@@ -314,6 +324,9 @@ def test_lists_on_the_patroni_standby_before_and_after_failover(
                 ),
                 timeout=30,
                 what="gauges: up, a lag inside the bound",
+            )
+            wait_for_sync(
+                lambda: _role_gauge(stack) == 1.0, timeout=30, what="gauge: a standby again"
             )
             # ... and it does: with its replay paused, lists miss a run finished since.
             paused = True  # first: a failure half-way still ends maintenance mode

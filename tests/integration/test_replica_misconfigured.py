@@ -68,9 +68,15 @@ async def test_the_lag_gauge_is_nan_while_the_replica_is_down(
     healthy = primary.set(database="postgres").render_as_string(False)
     db = Database(make_settings(database_url, tmp_path, read_database_url=healthy))
     try:
-        assert await _read_database(db) == "postgres"
+        with structlog.testing.capture_logs() as logs:
+            assert await _read_database(db) == "postgres"
+            assert await _read_database(db) == "postgres"
         assert _sample("treadle_db_replica_lag_seconds") == 0.0
         assert _sample("treadle_db_replica_up") == 1
+        # Not a standby: served, but offloading nothing, said once and shown.
+        assert _sample("treadle_db_replica_in_recovery") == 0
+        said = [e for e in logs if e["event"].startswith("read replica is a primary")]
+        assert len(said) == 1 and said[0]["log_level"] == "warning", logs
     finally:
         await db.dispose()
     down = primary.set(port=free_port()).render_as_string(False)
