@@ -14,12 +14,14 @@ it is set from the schedule again here, so the composite foreign key holds even 
 someone edited by hand (the schedule's id was the key that linked them).
 
 SQLite rebuilds a table to change its primary key (alembic batch mode). With
-``foreign_keys=ON`` (app/db/database.py) dropping ``schedules`` during its rebuild is an
-implicit ``DELETE`` that would cascade into ``schedule_fires``, and the pragma cannot
-change inside the migration's transaction; so on SQLite the fires are stashed in a
-temporary table first and put back (with their schedule's tenant) once both tables are
-rebuilt, as revision 0022 does for its children. The rebuild keeps the partial indexes'
-predicates (SQLAlchemy reflects ``sqlite_where``; the migration test checks it).
+``foreign_keys=ON`` (app/db/database.py, and the pragma cannot change inside the
+migration's transaction) dropping ``schedules`` during its rebuild is an implicit
+``DELETE`` that cascades into any table whose foreign key still points at it. The fires'
+foreign key is dropped before ``schedules`` is rebuilt, and the fires are stashed in a
+temporary table besides, as revision 0022 does for its children: no order of the steps
+can then reach them, and they are put back with their schedule's tenant (SQLite's share
+of the backfill PostgreSQL does with ``UPDATE … FROM``). The rebuild keeps the partial
+indexes' predicates (SQLAlchemy reflects ``sqlite_where``; the migration test checks it).
 
 Revision ID: 0024
 Revises: 0022
