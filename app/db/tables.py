@@ -393,7 +393,7 @@ tenants = Table(
 schedules = Table(
     "schedules",
     metadata,
-    Column("schedule_id", Uuid, primary_key=True),
+    Column("schedule_id", Uuid, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("name", String(200), nullable=False),
     Column("workflow", String(200), nullable=False),
@@ -426,27 +426,36 @@ schedules = Table(
     Column("access", String(16), nullable=False, server_default=text("'tenant'")),
     Column("created_at", UtcDateTime, nullable=False),
     Column("updated_at", UtcDateTime, nullable=False),
+    # Tenant-leading (revision 0024, docs/adr/0034-tenant-leading-keys.md).
+    PrimaryKeyConstraint("tenant_id", "schedule_id"),
     UniqueConstraint("tenant_id", "name"),
+    # The scheduler's two scans stay global: one loop serves every tenant, and a
+    # tenant-leading index would cost it a scan per tenant (docs/adr/0034-…, revision
+    # 0024). Neither index is unique, so a distributed table may keep them as they are.
     Index(
         "ix_schedules_due",
         "next_fire_at",
         postgresql_where=text("state = 'active'"),
         sqlite_where=text("state = 'active'"),
     ),
-    Index("ix_schedules_tenant_id_schedule_id", "tenant_id", "schedule_id"),
+    # Schedules holding a buffer_one tick back (few, usually none): without it every
+    # scheduler pass read all of ``schedules``.
+    Index(
+        "ix_schedules_buffered",
+        "tenant_id",
+        "schedule_id",
+        postgresql_where=text("state = 'active' AND buffered_tick_at IS NOT NULL"),
+        sqlite_where=text("state = 'active' AND buffered_tick_at IS NOT NULL"),
+    ),
 )
 
 schedule_fires = Table(
     "schedule_fires",
     metadata,
-    Column(
-        "schedule_id",
-        Uuid,
-        ForeignKey("schedules.schedule_id", ondelete="CASCADE"),
-        nullable=False,
-    ),
+    Column("schedule_id", Uuid, nullable=False),
     # The nominal tick (not the jittered or late fire time). The primary key on
-    # (schedule_id, tick) is what makes a tick fire exactly once across every process.
+    # (tenant_id, schedule_id, tick) is what makes a tick fire exactly once across every
+    # process (a schedule's tenant never changes, so it is the old (schedule_id, tick)).
     Column("tick", UtcDateTime, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("kind", String(16), nullable=False),  # cron, once, manual
@@ -455,8 +464,17 @@ schedule_fires = Table(
     Column("fired_at", UtcDateTime, nullable=False),
     Column("fired_by", String(255), nullable=False),
     Column("error", Text, nullable=True),
-    PrimaryKeyConstraint("schedule_id", "tick"),
-    Index("ix_schedule_fires_run_id", "run_id"),
+    # Tenant-leading (revision 0024, docs/adr/0034-tenant-leading-keys.md).
+    PrimaryKeyConstraint("tenant_id", "schedule_id", "tick"),
+    ForeignKeyConstraint(
+        ["tenant_id", "schedule_id"],
+        ["schedules.tenant_id", "schedules.schedule_id"],
+        ondelete="CASCADE",
+    ),
+    # Which tick started a run. No hot query reads it today (overlap checks drive from the
+    # primary key); it leads with the tenant because wherever a run is known, so is its
+    # tenant.
+    Index("ix_schedule_fires_tenant_id_run_id", "tenant_id", "run_id"),
 )
 
 runs_archive = Table(

@@ -8,9 +8,13 @@ dev``); any number may run at once. A pass locks one due schedule, walks its tic
 
 - older than the catch-up window: skipped and counted (``missed_count``);
 - otherwise fired under the overlap policy, recording a ``schedule_fires`` row whose
-  primary key ``(schedule_id, tick)`` makes the fire exactly-once however many loops race
-  (``ON CONFLICT DO NOTHING``; the loser does nothing). The run is inserted in the same
-  transaction, with the idempotency key ``schedule:<id>:<tick>`` as a second guard.
+  primary key ``(tenant_id, schedule_id, tick)`` makes the fire exactly-once however many
+  loops race (``ON CONFLICT DO NOTHING``; the loser does nothing). The run is inserted in
+  the same transaction, with the idempotency key ``schedule:<id>:<tick>`` as a second guard.
+
+Every statement of a pass names the schedule's tenant, so it runs on the tenant-leading
+keys (docs/adr/0034-tenant-leading-keys.md, revision 0024); only the search for due
+schedules spans tenants.
 
 The clock is injectable (:data:`Clock`): production uses the database clock; tests pass a
 :class:`VirtualClock` to skip time. DST rules and the choice of ``cronsim`` are in
@@ -486,7 +490,7 @@ async def update_schedule(
                 _timing_values(schedule_id, {**values, "schedule_id": schedule_id}, current)
             )
             values["state"] = ScheduleState.ACTIVE.value
-        return await sched_q.update_schedule(conn, schedule_id, values)
+        return await sched_q.update_schedule(conn, tenant_id, schedule_id, values)
 
     return await db.write_retrying(update_tx, what="update schedule")
 
@@ -528,7 +532,7 @@ async def set_paused(
         if not paused:
             current = now or await fetch_now(conn, db.dialect)
             values.update(_timing_values(schedule_id, dict(row), current))
-        return await sched_q.update_schedule(conn, schedule_id, values)
+        return await sched_q.update_schedule(conn, tenant_id, schedule_id, values)
 
     return await db.write_retrying(pause_tx, what="pause schedule")
 
@@ -602,6 +606,7 @@ async def _refuse(
         return None
     await sched_q.set_fire(
         conn,
+        tenant_id=row["tenant_id"],
         schedule_id=row["schedule_id"],
         tick=tick,
         outcome=FireOutcome.FAILED.value,
@@ -640,7 +645,7 @@ async def fire_tick(
     """
     schedule_id: uuid.UUID = row["schedule_id"]
     policy = Overlap(row["overlap"])
-    open_runs = await sched_q.open_run_ids(conn, schedule_id)
+    open_runs = await sched_q.open_run_ids(conn, row["tenant_id"], schedule_id)
     outcome = FireOutcome.STARTED
     if open_runs and policy == Overlap.SKIP:
         outcome = FireOutcome.SKIPPED
@@ -674,6 +679,7 @@ async def _fire_inserted(
     outcome: FireOutcome,
     open_runs: list[uuid.UUID],
 ) -> Fire:
+    tenant_id: str = row["tenant_id"]
     schedule_id: uuid.UUID = row["schedule_id"]
     policy = Overlap(row["overlap"])
     if outcome != FireOutcome.STARTED:
@@ -697,11 +703,21 @@ async def _fire_inserted(
         # The definition vanished or the input no longer validates: the tick is used up
         # (recorded as failed, with why) rather than retried forever.
         await sched_q.set_fire(
-            conn, schedule_id=schedule_id, tick=tick, outcome="failed", error=exc.detail[:1000]
+            conn,
+            tenant_id=tenant_id,
+            schedule_id=schedule_id,
+            tick=tick,
+            outcome="failed",
+            error=exc.detail[:1000],
         )
         return Fire(tick, FireOutcome.FAILED, None, exc.detail[:1000])
     await sched_q.set_fire(
-        conn, schedule_id=schedule_id, tick=tick, outcome="started", run_id=run_id
+        conn,
+        tenant_id=tenant_id,
+        schedule_id=schedule_id,
+        tick=tick,
+        outcome="started",
+        run_id=run_id,
     )
     return Fire(tick, FireOutcome.STARTED, run_id)
 
@@ -724,15 +740,17 @@ async def advance(
     off in bounded transactions. Then stores the next tick.
     """
     result = PassResult()
+    tenant_id: str = row["tenant_id"]
     schedule_id: uuid.UUID = row["schedule_id"]
     values: dict[str, Any] = {}
     last_error: str | None = row["last_error"]
     buffered: datetime | None = row["buffered_tick_at"]
-    if buffered is not None and not await sched_q.open_run_ids(conn, schedule_id):
+    if buffered is not None and not await sched_q.open_run_ids(conn, tenant_id, schedule_id):
         # The run that held the buffered tick back has finished: start it now, once
         # (only the pass that flips the fire row from "buffered" does).
         if not await sched_q.set_fire(
             conn,
+            tenant_id=tenant_id,
             schedule_id=schedule_id,
             tick=buffered,
             outcome="started",
@@ -746,13 +764,23 @@ async def advance(
             try:
                 run_id = await _start_run(conn, submitter, row, buffered, FireKind.CRON)
                 await sched_q.set_fire(
-                    conn, schedule_id=schedule_id, tick=buffered, outcome="started", run_id=run_id
+                    conn,
+                    tenant_id=tenant_id,
+                    schedule_id=schedule_id,
+                    tick=buffered,
+                    outcome="started",
+                    run_id=run_id,
                 )
                 result.started += 1
             except TreadleError as exc:
                 last_error = exc.detail[:1000]
                 await sched_q.set_fire(
-                    conn, schedule_id=schedule_id, tick=buffered, outcome="failed", error=last_error
+                    conn,
+                    tenant_id=tenant_id,
+                    schedule_id=schedule_id,
+                    tick=buffered,
+                    outcome="failed",
+                    error=last_error,
                 )
                 result.failed += 1
         buffered = None
@@ -811,7 +839,7 @@ async def advance(
     )
     if tick is None and buffered is None:
         values["state"] = ScheduleState.COMPLETED.value
-    await sched_q.update_schedule(conn, schedule_id, values)
+    await sched_q.update_schedule(conn, tenant_id, schedule_id, values)
     return result
 
 
@@ -865,7 +893,7 @@ async def trigger_now(
         else:
             values["last_error"] = fire.error
         if values:
-            await sched_q.update_schedule(conn, schedule_id, values)
+            await sched_q.update_schedule(conn, tenant_id, schedule_id, values)
         return fire
 
     return await db.write_retrying(trigger_tx, what="trigger schedule")
@@ -914,11 +942,12 @@ class Scheduler:
         """One sweep over the due schedules; returns what it did in total."""
         now = await self.clock()
         async with self.db.read() as conn:
-            ids = await sched_q.due_schedule_ids(conn, now=now, limit=limit)
+            keys = await sched_q.due_schedules(conn, now=now, limit=limit)
         total = PassResult()
-        for schedule_id in ids:
+        for tenant_id, schedule_id in keys:
             async with self.db.write() as conn:
-                row = await sched_q.lock_for_pass(conn, schedule_id)
+                # By the whole key: the pass reads and writes one tenant's rows only.
+                row = await sched_q.lock_for_pass(conn, tenant_id, schedule_id)
                 if row is None:
                     continue  # another loop is on it, or it was paused or deleted
                 result = await advance(

@@ -62,7 +62,7 @@ async def _create(db: Database, submitter: Submitter, now: datetime, **spec: Any
 
 async def _fires(db: Database, schedule_id: uuid.UUID) -> list[RowMapping]:
     async with db.read() as conn:
-        rows = await sched_q.list_fires(conn, schedule_id, before_tick=None, limit=100_000)
+        rows = await sched_q.list_fires(conn, TENANT, schedule_id, before_tick=None, limit=100_000)
     return sorted(rows, key=lambda r: r["tick"])
 
 

@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
 from alembic.autogenerate import compare_metadata
@@ -20,7 +21,8 @@ from app.core.errors import SchemaVersionMismatch
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.migrations import alembic_config, check_schema, head_revision
-from app.db.tables import batch_items, metadata, runs, webhook_attempts
+from app.db.queries import schedules as sched_q
+from app.db.tables import batch_items, metadata, runs, schedule_fires, webhook_attempts
 from app.db.types import UtcDateTime
 from tests.conftest import DEV_SECRET, _pg_admin, pg_url
 
@@ -247,6 +249,117 @@ async def test_0022_backfills_tenant_and_keeps_children(database_url: str) -> No
             kept = (await conn.execute(text("SELECT attempt FROM webhook_attempts"))).all()
         assert [tuple(r) for r in kept] == [(1,)]
         await asyncio.to_thread(command.upgrade, cfg, "head")
+        await check_schema(db)
+    finally:
+        await db.dispose()
+
+
+async def _index_sql(db: Database, name: str) -> str:
+    """The ``CREATE INDEX`` text the database holds for ``name`` (either dialect)."""
+    sql = (
+        "SELECT indexdef FROM pg_indexes WHERE indexname = :n"
+        if db.dialect == "postgresql"
+        else "SELECT sql FROM sqlite_master WHERE type = 'index' AND name = :n"
+    )
+    async with db.read() as conn:
+        return str((await conn.execute(text(sql), {"n": name})).scalar_one())
+
+
+async def _migrate(db: Database, step: Any, cfg: Any, target: str) -> None:
+    """Close ``db``'s pooled connections, then run ``step`` (upgrade/downgrade) to ``target``.
+
+    A SQLite connection prepares against the schema it last read, so one opened before
+    a table was rebuilt would refuse ``ON CONFLICT`` on the new key; processes never see
+    that (they refuse to start on another revision), only a test that spans a migration.
+    """
+    await db.dispose()
+    await asyncio.to_thread(step, cfg, target)
+
+
+async def test_0024_keeps_fires_and_takes_the_schedules_tenant(database_url: str) -> None:
+    """0024 and back keep every fire, each with its schedule's tenant; keys cascade as before.
+
+    On SQLite the schedules' rebuild would cascade-delete their fires (foreign_keys=ON),
+    so this also guards the migration's stash of them; one fire carries a tenant that
+    disagrees with its schedule's (only a hand edit could write it) and must come out
+    with the schedule's, or the composite foreign key could not hold
+    (docs/adr/0034-tenant-leading-keys.md, revision 0024).
+    """
+    cfg = alembic_config(database_url)
+    before = "0024-1"  # the revision 0024 upgrades from, however the chain is numbered
+    await asyncio.to_thread(command.downgrade, cfg, before)
+    db = Database(Settings(database_url=database_url, dev_secret=DEV_SECRET))
+    acme, globex, run = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    now = datetime(2026, 12, 2, 13, 0, tzinfo=UTC)
+    ticks = [now - timedelta(minutes=m) for m in (2, 1)]
+    typed = [
+        bindparam("s", type_=Uuid),
+        bindparam("r", type_=Uuid),
+        bindparam("tick", type_=UtcDateTime),
+        bindparam("now", type_=UtcDateTime),
+    ]
+    schedule = (
+        "INSERT INTO schedules (schedule_id, tenant_id, name, workflow, input, cron, "
+        "timezone, overlap, catchup_window_seconds, jitter_seconds, state, buffered_tick_at, "
+        "created_by, created_at, updated_at) VALUES (:s, :t, 'nightly', 'w', '{}', "
+        "'* * * * *', 'UTC', 'buffer_one', 60, 0, 'active', :tick, 'alice', :now, :now)"
+    )
+    fire = (
+        "INSERT INTO schedule_fires (schedule_id, tick, tenant_id, kind, outcome, run_id, "
+        "fired_at, fired_by) VALUES (:s, :tick, :t, 'cron', 'started', :r, :now, 'sched')"
+    )
+    rows = [
+        (schedule, {"s": acme, "t": "acme", "tick": ticks[1]}),
+        (schedule, {"s": globex, "t": "globex", "tick": None}),
+        (fire, {"s": acme, "t": "acme", "tick": ticks[0], "r": run}),
+        (fire, {"s": acme, "t": "acme", "tick": ticks[1], "r": None}),
+        (fire, {"s": globex, "t": "acme", "tick": ticks[0], "r": None}),  # disagrees
+    ]
+    try:
+        async with db.write() as conn:
+            for sql, values in rows:
+                used = [p for p in typed if f":{p.key}" in sql]
+                await conn.execute(text(sql).bindparams(*used), {"now": now, **values})
+        await _migrate(db, command.upgrade, cfg, "head")
+        async with db.read() as conn:
+            fires = (await conn.execute(select(schedule_fires))).mappings().all()
+        assert sorted(
+            (f["tenant_id"], f["schedule_id"], f["tick"], f["run_id"]) for f in fires
+        ) == sorted(
+            [
+                ("acme", acme, ticks[0], run),
+                ("acme", acme, ticks[1], None),
+                ("globex", globex, ticks[0], None),
+            ]
+        )
+        # The rebuild kept both partial predicates (the scheduler's scans depend on them).
+        assert "WHERE" in (await _index_sql(db, "ix_schedules_due"))
+        assert "buffered_tick_at IS NOT NULL" in (await _index_sql(db, "ix_schedules_buffered"))
+        async with db.write() as conn:
+            # A tick still fires once: ON CONFLICT now arbitrates on the new primary key.
+            again = await sched_q.insert_fire(
+                conn,
+                schedule_id=acme,
+                tenant_id="acme",
+                tick=ticks[0],
+                kind="cron",
+                outcome="started",
+                fired_at=now,
+                fired_by="sched",
+            )
+            assert again is False
+            # The composite foreign key cascades as the single-column one did.
+            await conn.execute(
+                text("DELETE FROM schedules WHERE schedule_id = :s").bindparams(typed[0]),
+                {"s": globex},
+            )
+            left = (await conn.execute(select(schedule_fires.c.schedule_id))).scalars().all()
+            assert sorted(left) == [acme, acme]
+        await _migrate(db, command.downgrade, cfg, before)
+        async with db.read() as conn:
+            kept = (await conn.execute(text("SELECT tenant_id FROM schedule_fires"))).all()
+        assert [tuple(r) for r in kept] == [("acme",), ("acme",)]
+        await _migrate(db, command.upgrade, cfg, "head")
         await check_schema(db)
     finally:
         await db.dispose()

@@ -22,7 +22,7 @@ REFERENCE = {
     "tenants": "the tenant list itself; keyed by tenant_id already",
 }
 
-# Tenant-owned tables revision 0022 did not convert yet: each is listed with what keeps it.
+# Tenant-owned tables revisions 0022 and 0024 did not convert yet, each with what keeps it.
 # The test fails once one of them becomes tenant-leading, so the list only shrinks.
 PENDING = {
     "runs": "PK (run_id): every run child's foreign key moves with it (next slice)",
@@ -34,8 +34,6 @@ PENDING = {
     "approval_decisions": "FK to runs(run_id); waits for runs",
     "run_logs": "FK to runs(run_id); PK id is SQLite's autoincrement rowid",
     "event_waits": "FK to runs(run_id); waits for runs",
-    "schedules": "PK (schedule_id) with schedule_fires' FK (next slice)",
-    "schedule_fires": "FK to schedules(schedule_id); waits for schedules",
     "runs_archive": "PK (run_id): archive and run_archived lookups (next slice)",
     "api_keys": "UNIQUE (prefix): looked up before the tenant is known",
     "console_sessions": "PK (id_hash): looked up from a cookie before the tenant is known",

@@ -356,7 +356,9 @@ async def trigger_schedule(
     if fire.run_id is not None:
         wake_workers(request)
     async with db.read() as conn:
-        row = await sched_q.get_fire(conn, parse_schedule_id(schedule_id), fire.tick)
+        row = await sched_q.get_fire(
+            conn, principal.tenant_id, parse_schedule_id(schedule_id), fire.tick
+        )
     return fire_view(row)
 
 
@@ -388,7 +390,9 @@ async def list_schedule_fires(
 
     async def read(conn: AsyncConnection) -> Sequence[RowMapping]:
         await sched_q.get_schedule(conn, principal.tenant_id, sid, owner=principal.owner_filter)
-        return await sched_q.list_fires(conn, sid, before_tick=before, limit=limit + 1)
+        return await sched_q.list_fires(
+            conn, principal.tenant_id, sid, before_tick=before, limit=limit + 1
+        )
 
     rows = await lagging_read_or_primary(db, read)
     token = None

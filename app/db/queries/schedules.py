@@ -1,8 +1,10 @@
 """Queries on ``schedules`` and ``schedule_fires``.
 
-Every tenant-facing query filters on ``tenant_id``; the scheduler's own queries (due
-schedules, locking one for a pass) work across tenants because a scheduler loop serves the
-whole database.
+Every query on one schedule or its fires filters on ``tenant_id`` as well as the id, so it
+is served by the tenant-leading keys (revision 0024, docs/adr/0034-tenant-leading-keys.md)
+and would route to one shard on Citus. Only the scheduler's two scans for due work
+(:func:`due_schedules`) are across tenants, because one scheduler loop serves the whole
+database; they return ``(tenant_id, schedule_id)`` so the pass that follows is keyed too.
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ from collections.abc import Sequence
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, delete, func, or_, select, true, update
+from sqlalchemy import RowMapping, delete, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -115,16 +117,21 @@ async def list_schedules(
 
 
 async def update_schedule(
-    conn: AsyncConnection, schedule_id: uuid.UUID, values: dict[str, Any]
+    conn: AsyncConnection, tenant_id: str, schedule_id: uuid.UUID, values: dict[str, Any]
 ) -> RowMapping:
-    """Update one schedule (``updated_at`` from the database clock); returns the new row.
+    """Update one schedule of this tenant (``updated_at`` from the database clock).
+
+    The caller has just read (and on PostgreSQL locked) the row, so it exists.
+
+    Returns:
+        The new row.
 
     Raises:
         ScheduleNameTaken: a rename collides with another schedule of the tenant (409).
     """
     stmt = (
         update(schedules)
-        .where(schedules.c.schedule_id == schedule_id)
+        .where(schedules.c.tenant_id == tenant_id, schedules.c.schedule_id == schedule_id)
         .values({**values, "updated_at": now_expr(conn.dialect.name)})
         .returning(*schedules.c)
     )
@@ -132,7 +139,13 @@ async def update_schedule(
         async with conn.begin_nested():
             return (await conn.execute(stmt)).mappings().one()
     except IntegrityError as exc:
-        if "uq_schedules_tenant_id_name" in str(exc.orig) or "schedules.tenant_id" in str(exc.orig):
+        # PostgreSQL names the constraint; SQLite names its columns (and would name
+        # ``schedules.tenant_id, schedules.schedule_id`` for the primary key).
+        message = str(exc.orig)
+        if (
+            "uq_schedules_tenant_id_name" in message
+            or "schedules.tenant_id, schedules.name" in message
+        ):
             raise ScheduleNameTaken(
                 f"a schedule named {values.get('name')!r} already exists", name=values.get("name")
             ) from None
@@ -158,32 +171,42 @@ async def delete_schedule(
         raise ScheduleNotFound(f"schedule {schedule_id} not found", schedule_id=str(schedule_id))
 
 
-async def due_schedule_ids(
-    conn: AsyncConnection, *, now: datetime, limit: int
-) -> Sequence[uuid.UUID]:
+ScheduleKey = tuple[str, uuid.UUID]
+"""``(tenant_id, schedule_id)``: the primary key of a schedule (revision 0024)."""
+
+
+async def due_schedules(conn: AsyncConnection, *, now: datetime, limit: int) -> list[ScheduleKey]:
     """Active schedules whose next fire time has come, or that hold a buffered tick.
 
-    Served by the partial index ``ix_schedules_due`` (active schedules only).
+    Across tenants (one scheduler loop serves them all): the due ones through the partial
+    index ``ix_schedules_due``, oldest fire time first; those holding a ``buffer_one`` tick
+    through ``ix_schedules_buffered``. Each at most ``limit``.
+
+    Returns:
+        ``(tenant_id, schedule_id)`` keys, due ones first, without repeats.
     """
+    key = (schedules.c.tenant_id, schedules.c.schedule_id)
     due = (
-        select(schedules.c.schedule_id)
+        select(*key)
         .where(schedules.c.state == "active", schedules.c.next_fire_at <= now)
         .order_by(schedules.c.next_fire_at)
         .limit(limit)
     )
     buffered = (
-        select(schedules.c.schedule_id)
+        select(*key)
         .where(schedules.c.state == "active", schedules.c.buffered_tick_at.is_not(None))
         .limit(limit)
     )
-    ids = list((await conn.execute(due)).scalars().all())
-    for extra in (await conn.execute(buffered)).scalars().all():
-        if extra not in ids:
-            ids.append(extra)
-    return ids
+    keys: list[ScheduleKey] = [(t, s) for t, s in (await conn.execute(due)).all()]
+    for tenant_id, schedule_id in (await conn.execute(buffered)).all():
+        if (tenant_id, schedule_id) not in keys:
+            keys.append((tenant_id, schedule_id))
+    return keys
 
 
-async def lock_for_pass(conn: AsyncConnection, schedule_id: uuid.UUID) -> RowMapping | None:
+async def lock_for_pass(
+    conn: AsyncConnection, tenant_id: str, schedule_id: uuid.UUID
+) -> RowMapping | None:
     """Lock one active schedule for a scheduler pass, or None if another pass holds it.
 
     PostgreSQL: ``FOR UPDATE SKIP LOCKED``, so racing scheduler loops spread over
@@ -192,19 +215,30 @@ async def lock_for_pass(conn: AsyncConnection, schedule_id: uuid.UUID) -> RowMap
     fires once: the ``schedule_fires`` primary key is (see :func:`insert_fire`).
     """
     stmt = select(schedules).where(
-        schedules.c.schedule_id == schedule_id, schedules.c.state == "active"
+        schedules.c.tenant_id == tenant_id,
+        schedules.c.schedule_id == schedule_id,
+        schedules.c.state == "active",
     )
     if conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update(skip_locked=True)
     return (await conn.execute(stmt)).mappings().first()
 
 
-async def open_run_ids(conn: AsyncConnection, schedule_id: uuid.UUID) -> list[uuid.UUID]:
-    """Runs started by this schedule that have not reached a terminal status."""
+async def open_run_ids(
+    conn: AsyncConnection, tenant_id: str, schedule_id: uuid.UUID
+) -> list[uuid.UUID]:
+    """Runs started by this schedule that have not reached a terminal status, oldest first."""
+    # The join names the tenant on both sides: a run a schedule started is its tenant's,
+    # and a join on the distribution column is what stays on one shard.
     stmt = (
         select(schedule_fires.c.run_id)
-        .join(runs, runs.c.run_id == schedule_fires.c.run_id)
+        .join(
+            runs,
+            (runs.c.run_id == schedule_fires.c.run_id)
+            & (runs.c.tenant_id == schedule_fires.c.tenant_id),
+        )
         .where(
+            schedule_fires.c.tenant_id == tenant_id,
             schedule_fires.c.schedule_id == schedule_id,
             runs.c.status.not_in(_TERMINAL),
         )
@@ -227,8 +261,9 @@ async def insert_fire(
 ) -> bool:
     """Record that ``tick`` fired; False if it already had (someone else fired it).
 
-    ``ON CONFLICT DO NOTHING`` on the ``(schedule_id, tick)`` primary key: of any number
-    of processes trying to fire one tick, exactly one inserts, whatever they believed.
+    ``ON CONFLICT DO NOTHING`` on the ``(tenant_id, schedule_id, tick)`` primary key: of
+    any number of processes trying to fire one tick, exactly one inserts, whatever they
+    believed (a schedule's tenant never changes, so the key is as narrow as the tick).
     """
     stmt = (
         _insert(conn, schedule_fires)
@@ -242,7 +277,7 @@ async def insert_fire(
             fired_by=fired_by,
             error=error,
         )
-        .on_conflict_do_nothing(index_elements=["schedule_id", "tick"])
+        .on_conflict_do_nothing(index_elements=["tenant_id", "schedule_id", "tick"])
     )
     result = await conn.execute(stmt)
     return bool(result.rowcount)
@@ -251,6 +286,7 @@ async def insert_fire(
 async def set_fire(
     conn: AsyncConnection,
     *,
+    tenant_id: str,
     schedule_id: uuid.UUID,
     tick: datetime,
     outcome: str,
@@ -264,7 +300,9 @@ async def set_fire(
         True if a row changed (used to start a buffered tick exactly once).
     """
     stmt = update(schedule_fires).where(
-        schedule_fires.c.schedule_id == schedule_id, schedule_fires.c.tick == tick
+        schedule_fires.c.tenant_id == tenant_id,
+        schedule_fires.c.schedule_id == schedule_id,
+        schedule_fires.c.tick == tick,
     )
     if only_if_outcome is not None:
         stmt = stmt.where(schedule_fires.c.outcome == only_if_outcome)
@@ -272,34 +310,35 @@ async def set_fire(
     return bool(result.rowcount)
 
 
-async def get_fire(conn: AsyncConnection, schedule_id: uuid.UUID, tick: datetime) -> RowMapping:
-    """One fire record (it must exist: the caller just wrote it)."""
+async def get_fire(
+    conn: AsyncConnection, tenant_id: str, schedule_id: uuid.UUID, tick: datetime
+) -> RowMapping:
+    """One fire record of this tenant's schedule (it must exist: the caller just wrote it)."""
     stmt = select(schedule_fires).where(
-        schedule_fires.c.schedule_id == schedule_id, schedule_fires.c.tick == tick
+        schedule_fires.c.tenant_id == tenant_id,
+        schedule_fires.c.schedule_id == schedule_id,
+        schedule_fires.c.tick == tick,
     )
     return (await conn.execute(stmt)).mappings().one()
 
 
 async def list_fires(
     conn: AsyncConnection,
+    tenant_id: str,
     schedule_id: uuid.UUID,
     *,
     before_tick: datetime | None,
     limit: int,
 ) -> Sequence[RowMapping]:
-    """A schedule's fire records, newest tick first (keyset on the tick)."""
-    stmt = select(schedule_fires).where(schedule_fires.c.schedule_id == schedule_id)
+    """A schedule's fire records, newest tick first (keyset on the tick).
+
+    The caller has checked the schedule is the tenant's (and visible to it): ``tenant_id``
+    here is what keeps the read on the primary key.
+    """
+    stmt = select(schedule_fires).where(
+        schedule_fires.c.tenant_id == tenant_id, schedule_fires.c.schedule_id == schedule_id
+    )
     if before_tick is not None:
         stmt = stmt.where(schedule_fires.c.tick < before_tick)
     stmt = stmt.order_by(schedule_fires.c.tick.desc()).limit(limit)
     return (await conn.execute(stmt)).mappings().all()
-
-
-async def count_fires(conn: AsyncConnection, schedule_id: uuid.UUID) -> int:
-    """How many ticks of this schedule have a fire record."""
-    stmt = (
-        select(func.count())
-        .select_from(schedule_fires)
-        .where(schedule_fires.c.schedule_id == schedule_id)
-    )
-    return int((await conn.execute(stmt)).scalar_one())
