@@ -347,11 +347,15 @@ class Submitter:
         (``created`` False), a different body is :class:`IdempotencyConflict`.
 
         Runs without a concurrency key are written as multi-row INSERTs (runs, labels,
-        ``run_submitted`` events); keyed runs are admitted one by one under their key's
-        lock, each in a savepoint. Workers are woken by one NOTIFY for the whole batch.
+        ``run_submitted`` events) that skip idempotency keys the tenant already holds
+        (those items get the twin or 409, as ``POST /runs`` answers a concurrent
+        duplicate); keyed runs are admitted one by one under their key's lock, each in a
+        savepoint. Workers are woken by one coalesced NOTIFY after commit.
 
         Raises:
-            sqlalchemy.exc.SQLAlchemyError: the database failed (nothing was written).
+            sqlalchemy.exc.SQLAlchemyError: the database failed, or a constraint other than
+                the idempotency key was violated (nothing was written; not retried, except
+                the conflicts ``Database.write_retrying`` retries).
         """
         results: list[BatchResult | None] = [None] * len(items)
         prepared: list[_Prepared] = []
