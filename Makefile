@@ -47,13 +47,13 @@ ha: install
 	scripts/install-ha
 	TREADLE_HA_LONG=1 uv run pytest tests/ha -p no:randomly -s -q
 
-# Benchmarks against the local PostgreSQL (docs/benchmarks.md). Installs the peer (DBOS, in
-# its own venv) and, when root on Debian, wrk; falls back to an httpx load generator.
+# Benchmarks against the local PostgreSQL (docs/benchmarks.md). Creates the peer venv (DBOS
+# and pgqueuer, with uv) on first use. Never installs system packages: without wrk on PATH
+# the HTTP benchmark says so and uses its httpx load generator (its figures are marked).
 bench: install
 	scripts/ensure-postgres
-	@command -v wrk >/dev/null || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
-		apt-get install -y -qq --no-install-recommends wrk) >/dev/null 2>&1 \
-		|| echo "wrk not installed: the HTTP benchmark uses its httpx load generator"
+	@command -v wrk >/dev/null || echo "wrk not found: HTTP figures come from the httpx \
+	load generator (install wrk, e.g. apt-get install wrk, for the wrk figures)"
 	uv run python -m benchmarks.bench $(BENCH_ARGS)
 
 bench-quick:

@@ -6,7 +6,7 @@ Usage::
 
 Both servers run as one uvicorn process on 127.0.0.1 against their own fresh database on
 the same PostgreSQL; the load generator is closed-loop and bounded (``--connections``
-requests in flight): ``wrk`` when installed (``make bench`` installs Debian's), otherwise
+requests in flight): ``wrk`` when on PATH (``make bench`` never installs it), otherwise
 an httpx async client in this process. Treadle's side submits a registered one-step
 workflow with a dev-mode bearer token (auth, JSON Schema validation, idempotency check,
 run + event rows, NOTIFY); the bare side inserts one row (:mod:`benchmarks.bare_api`).

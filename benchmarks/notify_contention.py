@@ -2,11 +2,13 @@
 
 Usage::
 
-    uv run python -m benchmarks.notify_contention --processes 4 --submitters 16 --seconds 10
+    uv run python -m benchmarks.notify_contention --processes 4 --submitters 16 --seconds 8
 
 ``--processes`` submitter processes each run ``--submitters`` concurrent loops of
 :meth:`app.engine.submit.Submitter.submit` (the API's one-statement path, no HTTP) against
-one fresh database, for ``--seconds``. Two modes alternate, ``--rounds`` times each:
+one fresh database, for ``--seconds`` from a common start (each process warms up first).
+Two modes alternate, ``--rounds`` times each (the defaults: 64 submitters, 3 x 2 rounds
+of 8 s, about two minutes with process start-up):
 
 * ``in-commit``: the submit statement carries ``pg_notify`` (the shape before
   docs/adr/0037-coalesced-wake-ups.md), so every submit's commit takes PostgreSQL's
@@ -15,7 +17,8 @@ one fresh database, for ``--seconds``. Two modes alternate, ``--rounds`` times e
   :class:`app.db.wakeups.WakeCoalescer` sends one per ``TREADLE_NOTIFY_COALESCE_MS``.
 
 No worker runs (the runs stay queued); a LISTEN connection in the parent counts the
-notifications each round delivers. Prints runs/s per round and the median per mode.
+notifications each round delivers. Prints runs/s per round and the median per mode, and
+saves them to ``benchmarks/results/notify_contention.json``.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from app.db.tables import runs
 from app.db.wakeups import NOTIFY_CHANNEL
 from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
-from benchmarks.common import DEV_SECRET, asyncpg_url, fresh_database
+from benchmarks.common import DEV_SECRET, RESULTS, asyncpg_url, fresh_database
 from benchmarks.workloads import bench_steps
 
 MODES = ("in-commit", "coalesced")
@@ -59,7 +62,9 @@ def _in_commit_statement() -> Any:
     return text(sql).bindparams(*binds, bindparam("channel", value=NOTIFY_CHANNEL)).columns(*runs.c)
 
 
-async def _submitters(url: str, mode: str, submitters: int, seconds: float) -> int:
+async def _submitters(
+    url: str, mode: str, submitters: int, seconds: float, ready: Any, go: Any
+) -> int:
     settings = Settings(
         database_url=asyncpg_url(url), dev_secret=DEV_SECRET, db_pool_size=submitters + 2
     )
@@ -69,30 +74,51 @@ async def _submitters(url: str, mode: str, submitters: int, seconds: float) -> i
         db.wake_workers = lambda: None  # type: ignore[method-assign]
     submitter = Submitter(db, settings)
     request = SubmitRequest(workflow="bench-steps", input={"steps": 1})
-    await submitter.submit(request, tenant_id="bench", subject="b")  # warm caches
     done = 0
-    deadline = time.monotonic() + seconds
-
-    async def loop() -> None:
-        nonlocal done
-        while time.monotonic() < deadline:
-            await submitter.submit(request, tenant_id="bench", subject="b")
-            done += 1
-
     try:
+        # Warm up (imports done, pool filled, caches filled) before the common start: a
+        # spawned process takes seconds to import on a loaded machine, and a process that
+        # started late would otherwise submit alone at the end of the round.
+        await asyncio.gather(
+            *(submitter.submit(request, tenant_id="bench", subject="b") for _ in range(submitters))
+        )
+        ready.put(None)
+        await asyncio.get_running_loop().run_in_executor(None, go.wait)
+        deadline = time.monotonic() + seconds
+
+        async def loop() -> None:
+            nonlocal done
+            while time.monotonic() < deadline:
+                await submitter.submit(request, tenant_id="bench", subject="b")
+                done += 1
+
         await asyncio.gather(*(loop() for _ in range(submitters)))
     finally:
         await db.dispose()
     return done
 
 
-def _child(url: str, mode: str, submitters: int, seconds: float, out: Any) -> None:
-    out.put(asyncio.run(_submitters(url, mode, submitters, seconds)))
+def _child(
+    url: str, mode: str, submitters: int, seconds: float, ready: Any, go: Any, out: Any
+) -> None:
+    out.put(asyncio.run(_submitters(url, mode, submitters, seconds, ready, go)))
 
 
 async def _round(
     url: str, mode: str, processes: int, submitters: int, seconds: float
 ) -> dict[str, Any]:
+    ctx = multiprocessing.get_context("spawn")
+    ready, out, go = ctx.Queue(), ctx.Queue(), ctx.Event()
+    procs = [
+        ctx.Process(target=_child, args=(url, mode, submitters, seconds, ready, go, out))
+        for _ in range(processes)
+    ]
+    for p in procs:
+        p.start()
+    loop = asyncio.get_running_loop()
+    for _ in procs:
+        await loop.run_in_executor(None, ready.get)
+    # Counted from the common start only: the warm-up's notifications are not the round's.
     listen = await asyncpg.connect(url)
     received = 0
 
@@ -101,19 +127,12 @@ async def _round(
         received += 1
 
     await listen.add_listener(NOTIFY_CHANNEL, count)
-    ctx = multiprocessing.get_context("spawn")
-    out = ctx.Queue()
-    procs = [
-        ctx.Process(target=_child, args=(url, mode, submitters, seconds, out))
-        for _ in range(processes)
-    ]
-    for p in procs:
-        p.start()
-    loop = asyncio.get_running_loop()
+    go.set()
     counts = [await loop.run_in_executor(None, out.get) for _ in procs]
     for p in procs:
         p.join()
-    await asyncio.sleep(0.2)  # let the last notifications arrive
+    # The last notifications (one coalescing window at most) are delivered within this.
+    await asyncio.sleep(0.2)
     await listen.close()
     total = sum(counts)
     return {
@@ -157,14 +176,16 @@ def measure(processes: int, submitters: int, seconds: float, rounds: int) -> dic
 
 
 def main() -> None:
-    """Parse arguments, measure, print."""
+    """Parse arguments, measure, print and save (benchmarks/results/notify_contention.json)."""
     parser = argparse.ArgumentParser(description="NOTIFY in the submit commit vs coalesced")
     parser.add_argument("--processes", type=int, default=4)
     parser.add_argument("--submitters", type=int, default=16, help="per process")
-    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--seconds", type=float, default=8.0, help="per round")
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
-    print(json.dumps(measure(args.processes, args.submitters, args.seconds, args.rounds), indent=2))
+    result = measure(args.processes, args.submitters, args.seconds, args.rounds)
+    print(json.dumps(result, indent=2))
+    (RESULTS / "notify_contention.json").write_text(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -27,6 +27,7 @@ import json
 import subprocess
 import sys
 import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -73,6 +74,53 @@ def peer_python() -> Path:
         check=True,
     )
     return python
+
+
+def _drain(
+    engine: str,
+    commands: Sequence[list[str]],
+    probe: Callable[[], tuple[bool, bool]],
+    *,
+    polls: tuple[float, float],
+    timeout_seconds: float = 1800,
+) -> float:
+    """Run a peer's worker processes until ``probe`` says the queue is drained.
+
+    The one drain loop of both peers (DBOS, pgqueuer): start ``commands`` (one process
+    each, from the repository root, output discarded), poll ``probe`` (returns
+    ``(finished, started)``: every job done, and some job picked up) every ``polls[0]``
+    seconds until the first pick and every ``polls[1]`` after, then stop the processes.
+
+    Returns:
+        The processes' CPU seconds from the first pick to the end (start-up, imports and
+        connects excluded).
+
+    Raises:
+        TimeoutError: not drained within ``timeout_seconds``.
+        RuntimeError: a worker process exited before the end.
+    """
+    start = time.monotonic()
+    procs = [
+        subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for cmd in commands
+    ]
+    cpu_at_start: float | None = None
+    try:
+        while True:
+            finished, started = probe()
+            if finished:
+                return cpu_seconds(procs) - (cpu_at_start or 0.0)
+            if cpu_at_start is None and started:
+                cpu_at_start = cpu_seconds(procs)
+            if time.monotonic() - start > timeout_seconds:
+                raise TimeoutError(
+                    f"{engine} benchmark did not finish within {timeout_seconds:.0f} s"
+                )
+            if any(p.poll() is not None for p in procs):
+                raise RuntimeError(f"a {engine} worker process exited early")
+            time.sleep(polls[0] if cpu_at_start is None else polls[1])
+    finally:
+        stop(procs)
 
 
 async def _status(url: str) -> tuple[int, float]:
@@ -127,32 +175,25 @@ def measure(n_runs: int, n_steps: int, n_workers: int, concurrency: int) -> dict
             check=True,
             cwd=ROOT,
         )
-        start = time.monotonic()
-        procs = [
-            subprocess.Popen(
-                [python, str(PEER_SCRIPT), "worker", url, f"bench-worker-{i}"],
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for i in range(n_workers)
-        ]
-        cpu_at_start: float | None = None
-        try:
-            while True:
-                done, seconds = asyncio.run(_status(url))
-                if done >= n_runs:
-                    cpu = cpu_seconds(procs) - (cpu_at_start or 0.0)
-                    break
-                if cpu_at_start is None and asyncio.run(_started(url)):
-                    cpu_at_start = cpu_seconds(procs)  # start-up (imports, launch) excluded
-                if time.monotonic() - start > 1800:
-                    raise TimeoutError("DBOS benchmark did not finish within 30 minutes")
-                if any(p.poll() is not None for p in procs):
-                    raise RuntimeError("a DBOS worker process exited early")
-                time.sleep(0.05 if cpu_at_start is None else 0.2)
-        finally:
-            stop(procs)
+        seconds = 0.0
+        seen_start = False
+
+        def probe() -> tuple[bool, bool]:
+            nonlocal seconds, seen_start
+            done, seconds = asyncio.run(_status(url))
+            if not seen_start:
+                seen_start = asyncio.run(_started(url))
+            return done >= n_runs, seen_start
+
+        cpu = _drain(
+            "DBOS",
+            [
+                [python, str(PEER_SCRIPT), "worker", url, f"bench-worker-{i}"]
+                for i in range(n_workers)
+            ],
+            probe,
+            polls=(0.05, 0.2),
+        )
     return {
         **figures(n_runs, n_steps, n_workers, concurrency, seconds),
         "worker_cpu_ms_per_step": round(cpu * 1000 / (n_runs * n_steps), 2),
@@ -199,32 +240,13 @@ def measure_pgqueuer(n_jobs: int, n_workers: int, concurrency: int) -> dict[str,
     with fresh_database("pgq") as url:
         for argv in (["install", url], ["enqueue", url, str(n_jobs)]):
             subprocess.run([python, str(PGQUEUER_SCRIPT), *argv], check=True, cwd=ROOT)
-        start = time.monotonic()
-        procs = [
-            subprocess.Popen(
-                [python, str(PGQUEUER_SCRIPT), "worker", url, str(concurrency), POLL_SECONDS],
-                cwd=ROOT,
-                stdout=subprocess.DEVNULL,
-                stderr=subprocess.DEVNULL,
-            )
-            for _ in range(n_workers)
-        ]
-        cpu_at_start: float | None = None
-        try:
-            while True:
-                left, done, seconds = asyncio.run(_pgqueuer_status(url))
-                if left == 0:
-                    cpu = cpu_seconds(procs) - (cpu_at_start or 0.0)
-                    break
-                if cpu_at_start is None and left < n_jobs:
-                    cpu_at_start = cpu_seconds(procs)  # start-up (imports, connect) excluded
-                if time.monotonic() - start > 1800:
-                    raise TimeoutError("pgqueuer benchmark did not finish within 30 minutes")
-                if any(p.poll() is not None for p in procs):
-                    raise RuntimeError("a pgqueuer worker process exited early")
-                time.sleep(0.02 if cpu_at_start is None else 0.1)
-        finally:
-            stop(procs)
+
+        def probe() -> tuple[bool, bool]:
+            left, _, _ = asyncio.run(_pgqueuer_status(url))
+            return left == 0, left < n_jobs
+
+        worker = [python, str(PGQUEUER_SCRIPT), "worker", url, str(concurrency), POLL_SECONDS]
+        cpu = _drain("pgqueuer", [worker] * n_workers, probe, polls=(0.02, 0.1))
         # The last completions may be logged after the queue row is gone; read once more.
         _, done, seconds = asyncio.run(_pgqueuer_status(url))
         if done != n_jobs:

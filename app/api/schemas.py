@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import uuid
 from datetime import datetime
 from enum import StrEnum
@@ -12,11 +13,15 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, WithJ
 from app.api.log_schemas import LogLine
 from app.core.labels import KEY_PATTERN, MAX_KEY_LENGTH, MAX_LABELS, MAX_VALUE_LENGTH
 
+_CONTROL_CHAR = re.compile(r"[\x00-\x1f\x7f]")
+
 
 def _printable(value: str) -> str:
     # Identifiers end up in indexed text columns: refuse control characters (NUL cannot be
-    # stored by PostgreSQL at all) and lone surrogates (not encodable as UTF-8).
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    # stored by PostgreSQL at all) and lone surrogates (not encodable as UTF-8). One regex
+    # search, not a Python loop per character: every item of a 1,000-run batch passes here
+    # (benchmarks/submit_batch.py).
+    if _CONTROL_CHAR.search(value):
         raise ValueError("control characters are not allowed")
     try:
         value.encode("utf-8")

@@ -11,7 +11,6 @@ from typing import Any
 
 import jsonschema
 from sqlalchemy import RowMapping
-from sqlalchemy.exc import IntegrityError
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
@@ -126,11 +125,6 @@ class _Prepared:
     fingerprint: str
 
 
-# A batch whose multi-row INSERT met an idempotency key a concurrent submit took meanwhile
-# is rolled back and run again (the retry reads the twin first): this many attempts.
-_BATCH_ATTEMPTS = 3
-
-
 @dataclass(frozen=True, slots=True)
 class _Definition:
     version: str
@@ -146,6 +140,28 @@ def _version_order(row: RowMapping) -> tuple[int, int, str]:
     if version.isdigit():
         return (1, int(version), "")
     return (0, 0, row["first_registered_at"].isoformat())
+
+
+def _check_input(request: SubmitRequest, definition: _Definition) -> None:
+    # The definition's rules for one submission (Submitter.prepare; each item of a batch).
+    if definition.kind == STATE_MACHINE_KIND and request.concurrency_key is None:
+        raise InvalidInput(
+            f"workflow {request.workflow!r} is a state machine: concurrency_key (the "
+            "parent entity it drives) is required",
+            errors=[{"path": "concurrency_key", "message": "required for a state machine"}],
+        )
+    errors = sorted(definition.validator.iter_errors(request.input), key=lambda e: list(e.path))
+    if errors:
+        raise InvalidInput(
+            f"input is not valid for workflow {request.workflow!r} version {definition.version!r}",
+            errors=[
+                {
+                    "path": ".".join(str(p) for p in e.absolute_path) or "$",
+                    "message": e.message[:500],
+                }
+                for e in errors[:20]
+            ],
+        )
 
 
 class Submitter:
@@ -220,25 +236,7 @@ class Submitter:
         """
         input_text = json.dumps_limited(request.input, self.settings.max_payload_bytes, "input")
         definition = await self._definition(request.workflow, request.version)
-        if definition.kind == STATE_MACHINE_KIND and request.concurrency_key is None:
-            raise InvalidInput(
-                f"workflow {request.workflow!r} is a state machine: concurrency_key (the "
-                "parent entity it drives) is required",
-                errors=[{"path": "concurrency_key", "message": "required for a state machine"}],
-            )
-        errors = sorted(definition.validator.iter_errors(request.input), key=lambda e: list(e.path))
-        if errors:
-            raise InvalidInput(
-                f"input is not valid for workflow {request.workflow!r} version "
-                f"{definition.version!r}",
-                errors=[
-                    {
-                        "path": ".".join(str(p) for p in e.absolute_path) or "$",
-                        "message": e.message[:500],
-                    }
-                    for e in errors[:20]
-                ],
-            )
+        _check_input(request, definition)
         return input_text, definition.version
 
     async def access(self, workflow: str, version: str) -> str:
@@ -349,27 +347,49 @@ class Submitter:
         (``created`` False), a different body is :class:`IdempotencyConflict`.
 
         Runs without a concurrency key are written as multi-row INSERTs (runs, labels,
-        ``run_submitted`` events); keyed runs are admitted one by one under their key's
-        lock, each in a savepoint. Workers are woken by one NOTIFY for the whole batch.
+        ``run_submitted`` events) that skip idempotency keys the tenant already holds
+        (those items get the twin or 409, as ``POST /runs`` answers a concurrent
+        duplicate); keyed runs are admitted one by one under their key's lock, each in a
+        savepoint. Workers are woken by one coalesced NOTIFY after commit.
 
         Raises:
-            sqlalchemy.exc.SQLAlchemyError: the database failed (nothing was written).
+            sqlalchemy.exc.SQLAlchemyError: the database failed, or a constraint other than
+                the idempotency key was violated (nothing was written; not retried, except
+                the conflicts ``Database.write_retrying`` retries).
         """
         results: list[BatchResult | None] = [None] * len(items)
         prepared: list[_Prepared] = []
         leaders: dict[str, _Prepared] = {}
         followers: list[tuple[_Prepared, _Prepared]] = []
+        # Each (workflow, version) asked for is resolved once per batch, and its items are
+        # checked against that one compiled validator: per item only what depends on the
+        # item itself (encoding, schema check, fingerprint) is left.
+        definitions: dict[tuple[str, str | None], _Definition | TreadleError] = {}
+        limit = self.settings.max_payload_bytes
         for index, item in enumerate(items):
             if isinstance(item, TreadleError):
                 results[index] = BatchResult(error=item)
                 continue
             try:
-                input_text, version = await self.prepare(item)
-                definition = await self._definition(item.workflow, version)
+                # Encoded first, as prepare() does: an oversized item is 413 whatever else.
+                input_text = json.dumps_limited(item.input, limit, "input")
+                asked = (item.workflow, item.version)
+                definition = definitions.get(asked)
+                if definition is None:
+                    try:
+                        definition = await self._definition(item.workflow, item.version)
+                    except TreadleError as exc:
+                        definition = exc
+                    definitions[asked] = definition
+                if isinstance(definition, TreadleError):
+                    raise definition
+                _check_input(item, definition)
             except TreadleError as exc:
                 results[index] = BatchResult(error=exc)
                 continue
-            entry = _Prepared(index, item, input_text, version, definition, item.fingerprint())
+            entry = _Prepared(
+                index, item, input_text, definition.version, definition, item.fingerprint()
+            )
             key = item.idempotency_key
             if key is not None and key in leaders:
                 followers.append((entry, leaders[key]))
@@ -388,18 +408,14 @@ class Submitter:
                 trace=trace,
             )
 
+        # No retry of our own for integrity errors: a key taken by a concurrent submit is
+        # skipped by the INSERT and answered with its twin (insert_runs), so any
+        # IntegrityError left is another constraint and surfaces as it would for POST
+        # /runs (a 500, nothing written). write_retrying still retries what
+        # app/db/faults.py classifies as a conflict (serialization failure, deadlock).
         written: dict[int, BatchResult] = {}
-        for attempt in range(1, _BATCH_ATTEMPTS + 1):
-            if not prepared:
-                break
-            try:
-                written = await self.db.write_retrying(write, what="submit batch")
-                break
-            except IntegrityError:
-                # A concurrent submit took one of the keys after our read (the batch
-                # rolled back whole); the next attempt finds that twin first.
-                if attempt == _BATCH_ATTEMPTS:
-                    raise
+        if prepared:
+            written = await self.db.write_retrying(write, what="submit batch")
         for index, result in written.items():
             results[index] = result
         if any(r.created for r in written.values()):
@@ -432,11 +448,19 @@ class Submitter:
         api_key_id: uuid.UUID | None,
         trace: TraceContext | None,
     ) -> dict[int, BatchResult]:
-        # One transaction: idempotency twins first (one read), keyed runs one by one in
-        # savepoints, the rest as multi-row INSERTs grouped by delay; workers are woken
-        # once, after commit (docs/adr/0037-coalesced-wake-ups.md).
+        # One transaction: runs with a concurrency key one by one in savepoints (their
+        # stored twins read first, so an identical retry is answered before admission, as
+        # insert_prepared does), the rest as multi-row INSERTs grouped by delay that skip
+        # taken idempotency keys (ON CONFLICT DO NOTHING; only those twins are read after,
+        # where a read of every key first was the batch's slowest statement once ``runs``
+        # grew: benchmarks/submit_batch.py). Workers are woken once, after commit
+        # (docs/adr/0037-coalesced-wake-ups.md).
         out: dict[int, BatchResult] = {}
-        keys = [p.request.idempotency_key for p in prepared if p.request.idempotency_key]
+        keys = [
+            p.request.idempotency_key
+            for p in prepared
+            if p.request.idempotency_key and p.request.concurrency_key is not None
+        ]
         existing = await submits_q.get_by_idempotency_keys(conn, tenant_id, keys)
         groups: dict[float | None, list[_Prepared]] = {}
         for p in prepared:
@@ -472,49 +496,80 @@ class Submitter:
             out[p.index] = BatchResult(row=row, created=created)
         label_rows: list[dict[str, Any]] = []
         event_rows: list[dict[str, Any]] = []
+        # What every row of the batch shares, built once; per row only its own values.
+        shared = {
+            "tenant_id": tenant_id,
+            "status": RunStatus.QUEUED.value,
+            "concurrency_key": None,
+            "created_by": subject,
+            "api_key_id": api_key_id,
+            "parent_run_id": None,
+            "trace_parent": None if trace is None else trace.traceparent,
+            "trace_state": None if trace is None else trace.tracestate,
+        }
+        # The run_submitted data depends only on (workflow, version) for these unkeyed
+        # runs: encoded once per pair, not once per run.
+        event_data: dict[tuple[str, str], str] = {}
+        taken: list[_Prepared] = []
         for delay, group in groups.items():
             rows = await submits_q.insert_runs(
                 conn,
                 [
                     {
+                        **shared,
                         "run_id": new_run_id(),
-                        "tenant_id": tenant_id,
                         "workflow": p.request.workflow,
                         "version": p.version,
-                        "status": RunStatus.QUEUED.value,
                         "input": p.input_text,
                         "idempotency_key": p.request.idempotency_key,
                         "request_hash": p.fingerprint,
-                        "concurrency_key": None,
-                        "created_by": subject,
-                        "api_key_id": api_key_id,
                         "access": p.definition.access,
-                        "parent_run_id": None,
                         "priority": p.request.priority,
                         "labels": labels_q.encode(p.request.labels),
-                        "trace_parent": None if trace is None else trace.traceparent,
-                        "trace_state": None if trace is None else trace.tracestate,
                     }
                     for p in group
                 ],
                 delay=delay,
             )
-            for p, row in zip(group, rows, strict=True):
-                out[p.index] = BatchResult(row=row, created=True)
-                label_rows.extend(
-                    {"run_id": row["run_id"], "tenant_id": tenant_id, "key": k, "value": v}
-                    for k, v in p.request.labels.items()
-                )
+            for p, new in zip(group, rows, strict=True):
+                if new is None:
+                    taken.append(p)
+                    continue
+                out[p.index] = BatchResult(row=new, created=True)
+                if p.request.labels:
+                    label_rows.extend(
+                        {"run_id": new["run_id"], "tenant_id": tenant_id, "key": k, "value": v}
+                        for k, v in p.request.labels.items()
+                    )
+                pair = (p.request.workflow, p.version)
+                data = event_data.get(pair)
+                if data is None:
+                    data = json.dumps(
+                        _submitted_data(p.request, p.version, parent_run_id=None, slot=None)
+                    )
+                    event_data[pair] = data
                 event_rows.append(
                     {
-                        "run_id": row["run_id"],
+                        "run_id": new["run_id"],
                         "tenant_id": tenant_id,
                         "actor": subject,
-                        "data": json.dumps(
-                            _submitted_data(p.request, p.version, parent_run_id=None, slot=None)
-                        ),
+                        "data": data,
                     }
                 )
+        if taken:
+            # Keys the tenant already held: the twin for an identical request, else 409.
+            twins = await submits_q.get_by_idempotency_keys(
+                conn, tenant_id, [str(p.request.idempotency_key) for p in taken]
+            )
+            for p in taken:
+                stored = twins.get(str(p.request.idempotency_key))
+                try:
+                    if stored is None:  # pragma: no cover - the conflicting row cannot vanish
+                        raise IdempotencyConflict("idempotency key conflict; retry the request")
+                    twin = _twin(stored, p.request, p.fingerprint, subject=subject)
+                    out[p.index] = BatchResult(row=twin, created=False)
+                except IdempotencyConflict as exc:
+                    out[p.index] = BatchResult(error=exc)
         await submits_q.insert_labels_many(conn, label_rows)
         await submits_q.append_submitted(conn, event_rows)
         return out

@@ -23,6 +23,7 @@ from app.db.database import Database
 from app.db.queries import submits as submits_q
 from app.db.tables import events, run_labels, runs
 from app.engine.registry import Registry
+from app.engine.submit import SubmitRequest, Submitter
 from app.sdk import WorkflowContext, workflow
 from tests.conftest import DEV_SECRET
 from tests.integration import support
@@ -226,6 +227,81 @@ async def test_a_database_failure_mid_batch_writes_nothing(
     assert await count(db, runs) == 0
     assert await count(db, events) == 0
     assert await count(db, run_labels) == 0
+
+
+async def test_an_integrity_error_other_than_the_key_is_not_retried(
+    settings: Settings, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A label primary-key violation is no idempotency race: one attempt, then the 500
+    # POST /runs would give, and nothing written (the batch used to run it three times).
+    await registered(db)
+    attempts = 0
+    insert_runs, insert_labels = submits_q.insert_runs, submits_q.insert_labels_many
+
+    async def counted(conn: Any, rows: Any, *, delay: float | None) -> Any:
+        nonlocal attempts
+        attempts += 1
+        return await insert_runs(conn, rows, delay=delay)
+
+    async def doubled(conn: Any, rows: Sequence[dict[str, Any]]) -> None:
+        await insert_labels(conn, [*rows, *rows])
+
+    monkeypatch.setattr(submits_q, "insert_runs", counted)
+    monkeypatch.setattr(submits_q, "insert_labels_many", doubled)
+    async with support.api_client(settings, db, TENANT) as client:
+        resp = await client.post("/runs:batch", json={"runs": [item("a", labels={"x": "1"})]})
+        assert resp.status_code == 500, resp.text
+    assert attempts == 1
+    assert await count(db, runs) == 0
+
+
+async def test_a_key_taken_by_a_concurrent_submit_is_answered_by_its_twin(
+    settings: Settings, db: Database, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The idempotency race: another request commits runs with two of the batch's keys
+    # after the batch's transaction began and before its INSERT. The INSERT skips them
+    # (ON CONFLICT DO NOTHING) and the items get what POST /runs would answer: the twin
+    # for the identical body (200), 409 for the other, in one attempt, neighbours kept.
+    if db.dialect != "postgresql":
+        pytest.skip("SQLite's write transaction holds the write lock from BEGIN: no race")
+    await registered(db)
+    submitter = Submitter(db, settings)
+    attempts = 0
+    theirs: list[str] = []
+    insert_runs = submits_q.insert_runs
+
+    async def raced(conn: Any, rows: Any, *, delay: float | None) -> Any:
+        nonlocal attempts
+        attempts += 1
+        if attempts == 1:
+            for key, value in (("same", "a"), ("other", "different")):
+                row, created = await submitter.submit(
+                    SubmitRequest(workflow="sb-job", input={"key": value}, idempotency_key=key),
+                    tenant_id=TENANT,
+                    subject="t",
+                )
+                assert created
+                theirs.append(str(row["run_id"]))
+        return await insert_runs(conn, rows, delay=delay)
+
+    monkeypatch.setattr(submits_q, "insert_runs", raced)
+    async with support.api_client(settings, db, TENANT) as client:
+        results = await batch(
+            client,
+            [
+                item("a", idempotency_key="same"),
+                item("b", idempotency_key="other"),
+                item("c", idempotency_key="fresh"),
+            ],
+        )
+    assert attempts == 1
+    assert [r["status"] for r in results] == [200, 409, 201]
+    assert results[0]["run"]["run_id"] == theirs[0]
+    assert results[1]["problem"]["code"] == "idempotency_key_reused"
+    assert results[1]["problem"]["run_id"] == theirs[1]
+    assert await count(db, runs) == 3
+    # Only the batch's own new run has its run_submitted event from the batch.
+    assert await count(db, events, events.c.kind == "run_submitted") == 3
 
 
 async def test_a_thousand_runs_in_one_request(settings: Settings, db: Database) -> None:

@@ -25,17 +25,20 @@ from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import (
+    ARRAY,
     Double,
     Integer,
     RowMapping,
     String,
     Text,
     Uuid,
+    any_,
     bindparam,
     insert,
     select,
     text,
 )
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.status import EventKind, RunStatus
@@ -152,10 +155,26 @@ async def get_by_idempotency_keys(
 ) -> dict[str, RowMapping]:
     """The tenant's runs submitted with any of ``keys``, by key (absent keys left out).
 
-    Read in chunks of 500 keys so the ``IN`` list stays well under SQLite's 32,766 bound
-    parameters and PostgreSQL's 65,535.
+    PostgreSQL: one statement, ``idempotency_key = ANY(:keys)`` with the keys as one
+    array parameter, so the statement text is the same for every batch (prepared once per
+    connection) and is planned as one scan of the ``(tenant_id, idempotency_key)`` unique
+    index. An expanded ``IN ($2, …, $501)`` was a new statement for each list length and
+    took more time than the batch's INSERTs on a loaded machine (benchmarks/
+    submit_batch.py, docs/benchmarks.md). SQLite has no arrays: ``IN`` in chunks of 500
+    keys, well under its 32,766 bound parameters.
     """
     found: dict[str, RowMapping] = {}
+    if not keys:
+        return found
+    if conn.dialect.name == "postgresql":
+        stmt = select(runs).where(
+            runs.c.tenant_id == tenant_id,
+            runs.c.idempotency_key == any_(bindparam("keys", type_=ARRAY(String))),
+        )
+        result = await conn.execute(stmt, {"keys": list(keys)})
+        for row in result.mappings():
+            found[str(row["idempotency_key"])] = row
+        return found
     for start in range(0, len(keys), 500):
         chunk = list(keys[start : start + 500])
         result = await conn.execute(
@@ -168,32 +187,42 @@ async def get_by_idempotency_keys(
 
 async def insert_runs(
     conn: AsyncConnection, rows: Sequence[dict[str, Any]], *, delay: float | None
-) -> list[RowMapping]:
-    """Insert ``queued`` runs sharing one ``delay`` as multi-row INSERTs; rows in order.
+) -> list[RowMapping | None]:
+    """Insert ``queued`` runs sharing one ``delay`` as multi-row INSERTs, skipping taken keys.
 
-    ``rows`` are ``runs`` column values (the same keys in every row) without the
-    timestamps: ``created_at``/``updated_at`` are the database clock and ``available_at``
-    that plus ``delay`` seconds, as :func:`app.db.queries.runs.insert_run` sets them.
-    SQLAlchemy's "insertmanyvalues" sends them as a few multi-row ``INSERT … RETURNING``
-    statements and, with ``sort_by_parameter_order``, returns the rows in ``rows`` order.
+    ``rows`` are ``runs`` column values (the same keys in every row, ``run_id`` included)
+    without the timestamps: ``created_at``/``updated_at`` are the database clock and
+    ``available_at`` that plus ``delay`` seconds, as :func:`app.db.queries.runs.insert_run`
+    sets them. SQLAlchemy's "insertmanyvalues" sends them as a few multi-row ``INSERT …
+    RETURNING`` statements.
 
-    Raises:
-        IntegrityError: an idempotency key was taken meanwhile by a concurrent submit (no
-            ``ON CONFLICT`` here: the caller's transaction is rolled back and retried, and
-            the retry finds the twin first).
+    ``ON CONFLICT (tenant_id, idempotency_key) DO NOTHING``, as
+    :func:`app.db.queries.runs.insert_run` for ``POST /runs``: a row whose key the tenant
+    already holds (committed before, or by a concurrent submit that commits first, which
+    PostgreSQL waits for) is not inserted and comes back as None; the caller reads the
+    twin. So no key needs reading before the INSERT and the key race raises nothing;
+    any other constraint violation raises :class:`sqlalchemy.exc.IntegrityError` as it
+    would for one run.
+
+    Returns:
+        Per row of ``rows``, in order, the inserted run or None (its key was taken).
     """
     if not rows:
         return []
     dialect = conn.dialect.name
     now = now_expr(dialect)
     start = now_plus(dialect, float(delay)) if delay else now
+    stmt: Any = postgresql.insert(runs) if dialect == "postgresql" else sqlite.insert(runs)
     stmt = (
-        insert(runs)
-        .values(created_at=now, updated_at=now, available_at=start)
-        .returning(*runs.c, sort_by_parameter_order=True)
+        stmt.values(created_at=now, updated_at=now, available_at=start)
+        .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
+        .returning(*runs.c)
     )
     result = await conn.execute(stmt, list(rows))
-    return list(result.mappings())
+    # Rows skipped by ON CONFLICT return nothing, so RETURNING cannot be matched by
+    # position: matched by the run ids the caller generated.
+    inserted = {row["run_id"]: row for row in result.mappings()}
+    return [inserted.get(row["run_id"]) for row in rows]
 
 
 async def append_submitted(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
