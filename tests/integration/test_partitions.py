@@ -6,6 +6,7 @@ SQLite keeps plain tables and the row-by-row maintenance.
 
 from __future__ import annotations
 
+import itertools
 import json
 import secrets
 import uuid
@@ -67,7 +68,7 @@ async def test_migration_leaves_weekly_partitions_and_a_default(db: Database) ->
             assert ranges[0].starts is not None and ranges[0].starts <= now
             assert ranges[-1].ends is not None and ranges[-1].ends >= now + timedelta(days=14)
             # Contiguous, 7 days each, starting on a Monday.
-            for a, b in zip(ranges, ranges[1:], strict=False):
+            for a, b in itertools.pairwise(ranges):
                 assert a.upper == b.lower
             for p in ranges:
                 assert p.starts is not None and p.ends is not None
@@ -113,7 +114,7 @@ async def test_partitions_created_ahead_and_default_rows_moved(
     async with db.read() as conn:
         parts = [p for p in await qp.list_partitions(conn, "events") if not p.is_default]
         # Contiguous, the new ones 3 days wide, the last covering now + 60 days.
-        for a, b in zip(parts, parts[1:], strict=False):
+        for a, b in itertools.pairwise(parts):
             assert a.upper == b.lower
         assert parts[-1].ends is not None and parts[-1].ends > now + timedelta(days=60)
         assert parts[-1].starts is not None
@@ -239,7 +240,7 @@ async def test_archival_drops_whole_partitions_and_deletes_rows_of_partial_ones(
     async with db.read() as conn:
         archived = await conn.execute(select(func.count()).select_from(runs_archive))
         assert archived.scalar_one() == 30
-        kept = await conn.execute(select(steps.c.run_id).where(steps.c.run_id.in_(week_b + [live])))
+        kept = await conn.execute(select(steps.c.run_id).where(steps.c.run_id.in_([*week_b, live])))
         assert {r[0] for r in kept} == {live}
         left = await conn.execute(select(runs.c.run_id).where(runs.c.run_id.in_(week_a + week_b)))
         assert left.all() == []
