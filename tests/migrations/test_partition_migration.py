@@ -10,6 +10,7 @@ read waited (the figures in docs/scaling.md, "Time partitions").
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 from collections.abc import Callable
 
@@ -101,8 +102,12 @@ async def test_0023_on_a_million_rows(make_pg_database: Callable[[], str]) -> No
                 int((await conn.execute(text(f"SELECT '{t}'::regclass::oid"))).scalar_one())
                 for t in ("steps", "events", "runs_archive")
             ]
-            top_event = int((await conn.execute(text("SELECT max(event_id) FROM events"))).scalar_one())
-            probe = (await conn.execute(text("SELECT run_id FROM runs WHERE tenant_id = 't3' LIMIT 1"))).scalar_one()
+            top_event = int(
+                (await conn.execute(text("SELECT max(event_id) FROM events"))).scalar_one()
+            )
+            probe = (
+                await conn.execute(text("SELECT run_id FROM runs WHERE tenant_id = 't3' LIMIT 1"))
+            ).scalar_one()
 
         done = asyncio.Event()
         held: list[float] = []
@@ -177,7 +182,7 @@ async def test_0023_on_a_million_rows(make_pg_database: Callable[[], str]) -> No
                     text("EXPLAIN SELECT * FROM steps WHERE run_id = :r"), {"r": probe}
                 )
             )
-            assert plan.count("on steps_p") == 1, plan
+            assert len(set(re.findall(r"steps_p\d{8}|steps_default", plan))) == 1, plan
             journal = await conn.execute(
                 select(steps.c.step_id).where(steps.c.run_id == probe).order_by(steps.c.seq)
             )
@@ -192,8 +197,10 @@ async def test_0023_on_a_million_rows(make_pg_database: Callable[[], str]) -> No
             assert new.scalar_one() == top_event + 1
             await conn.execute(text("DELETE FROM runs WHERE run_id = :r"), {"r": probe})
             left = await conn.execute(
-                text("SELECT (SELECT count(*) FROM steps WHERE run_id = :r) "
-                     "+ (SELECT count(*) FROM events WHERE run_id = :r)"),
+                text(
+                    "SELECT (SELECT count(*) FROM steps WHERE run_id = :r) "
+                    "+ (SELECT count(*) FROM events WHERE run_id = :r)"
+                ),
                 {"r": probe},
             )
             assert left.scalar_one() == 0
