@@ -352,3 +352,46 @@ async def _audit(tr: TierReport, unit: Unit, size: int) -> None:
                 tr.add({"dead_letters": deleted})
         if last_dl is None:
             break
+
+
+@dataclass(frozen=True, slots=True)
+class PartitionInfo:
+    """One time partition, for ``treadle maintenance partitions``.
+
+    Attributes:
+        table: the partitioned table.
+        name: the partition.
+        starts: first run creation time it holds (None: the default partition).
+        ends: run creation time it stops before (None: the default partition).
+    """
+
+    table: str
+    name: str
+    starts: datetime | None
+    ends: datetime | None
+
+
+async def ensure_partitions(
+    db: Database, settings: Settings
+) -> tuple[list[str], list[PartitionInfo]]:
+    """Create the partitions missing ahead, then list every time partition.
+
+    What a real maintenance run does first (:func:`create_partitions_ahead`), on its own.
+    Both lists are empty on SQLite or before revision 0023.
+
+    Returns:
+        The partitions created, and every partition of each table (ranges in order, the
+        default partition last).
+    """
+    async with db.read() as conn:
+        now = await fetch_now(conn, db.dialect)
+    created = await create_partitions_ahead(db.write, settings, now)
+    listed: list[PartitionInfo] = []
+    async with db.read() as conn:
+        for table in PARTITIONED_TABLES:
+            if await qp.is_partitioned(conn, table):
+                listed += [
+                    PartitionInfo(table, p.name, p.starts, p.ends)
+                    for p in await qp.list_partitions(conn, table)
+                ]
+    return created, listed

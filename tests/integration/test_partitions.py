@@ -8,7 +8,10 @@ from __future__ import annotations
 
 import itertools
 import json
+import os
 import secrets
+import subprocess
+import sys
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -23,6 +26,8 @@ from app.db.queries import partitions as qp
 from app.db.tables import events, runs, runs_archive, steps
 from app.engine.maintenance import Tier, create_partitions_ahead, run_maintenance
 from tests.conftest import make_settings
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def v7_at(at: datetime) -> uuid.UUID:
@@ -309,3 +314,40 @@ async def test_audit_keeps_a_partition_with_a_recent_event(db: Database, tmp_pat
     assert "partitions" not in report.tiers[0].touched
     assert report.tiers[0].touched["events"] == 3  # the old ones, row by row
     assert partition_name("events", lo) in await _names(db, "events")
+
+
+async def test_cli_creates_and_lists_partitions(db: Database, tmp_path: Path) -> None:
+    """``treadle maintenance partitions``: PostgreSQL lists ranges and defaults; SQLite none."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TREADLE_")}
+    env.update(
+        {
+            "TREADLE_DATABASE_URL": db.url,
+            "TREADLE_DATA_DIR": str(tmp_path),
+            "TREADLE_PARTITIONS_AHEAD_DAYS": "45",
+        }
+    )
+    proc = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "maintenance", "partitions", "-o", "json"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    if db.dialect == "sqlite":
+        assert doc == {"created": [], "partitions": []}
+        return
+    tables = {p["table"] for p in doc["partitions"]}
+    assert tables == {"steps", "events", "runs_archive"}
+    assert {p["name"] for p in doc["partitions"] if p["starts"] is None} == {
+        "steps_default", "events_default", "runs_archive_default",
+    }  # fmt: skip
+    assert doc["created"], "45 days ahead needs more than the migration's 14"
+    now = await db.now()
+    last = max(datetime.fromisoformat(p["ends"]) for p in doc["partitions"] if p["ends"])
+    assert last > now + timedelta(days=45)
+    again = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "maintenance", "partitions"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.startswith("created 0 partition(s)\n")
+    assert "steps_default" in again.stdout and "runs created" in again.stdout
