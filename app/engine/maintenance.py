@@ -269,6 +269,12 @@ async def _partitions(unit: Unit, table: str) -> list[qp.Partition]:
         return [p for p in await qp.list_partitions(conn, table) if not p.is_default]
 
 
+async def _still_there(conn: AsyncConnection, part: qp.Partition) -> bool:
+    # Under the partition lock: another maintenance run may have dropped it meanwhile.
+    await qp.serialize(conn)
+    return part in await qp.list_partitions(conn, part.table)
+
+
 def _count(counts: dict[str, int], more: dict[str, int]) -> None:
     for table, n in more.items():
         counts[table] = counts.get(table, 0) + n
@@ -278,25 +284,29 @@ async def _drop_archived_partitions(tr: TierReport, unit: Unit, size: int) -> No
     # A range of run ids ending before the cutoff whose every run archival would pick: its
     # steps and events partitions are dropped (no row-by-row delete), then its runs are
     # archived in batches, all in one transaction holding every run of the range locked.
-    steps_parts = await _partitions(unit, "steps")
-    events_parts = {(p.lower, p.upper): p for p in await _partitions(unit, "events")}
-    for part in steps_parts:
+    for part in await _partitions(unit, "steps"):
         assert part.lower is not None and part.upper is not None and part.ends is not None
         if part.ends > tr.cutoff:
             break
         try:
             async with unit() as conn:
+                if not await _still_there(conn, part):
+                    continue
                 ids = await q.lock_runs_in_range(conn, part.lower, part.upper)
                 if ids is None or not await q.range_archivable(
                     conn, part.lower, part.upper, finished_before=tr.cutoff
                 ):
                     continue
                 counts: dict[str, int] = {"runs": 0, "partitions": 0}
-                for dropped in (part, events_parts.get((part.lower, part.upper))):
-                    if dropped is not None:
-                        counts[dropped.table] = await qp.row_count(conn, dropped)
-                        await qp.drop_partition(conn, dropped)
-                        counts["partitions"] += 1
+                twin = [
+                    p
+                    for p in await qp.list_partitions(conn, "events")
+                    if (p.lower, p.upper) == (part.lower, part.upper)
+                ]
+                for dropped in [part, *twin]:
+                    counts[dropped.table] = await qp.row_count(conn, dropped)
+                    await qp.drop_partition(conn, dropped)
+                    counts["partitions"] += 1
                 for i in range(0, len(ids), size):
                     _count(counts, await q.archive_runs(conn, ids[i : i + size]))
             tr.add(counts)
@@ -315,6 +325,8 @@ async def _drop_trimmed_event_partitions(tr: TierReport, unit: Unit) -> None:
             break
         try:
             async with unit() as conn:
+                if not await _still_there(conn, part):
+                    continue
                 ids = await q.lock_runs_in_range(conn, part.lower, part.upper)
                 if ids is None or not await q.range_trimmable(conn, part.lower, part.upper):
                     continue

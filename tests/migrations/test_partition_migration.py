@@ -32,7 +32,7 @@ DAYS = 90  # run ids spread over the last 90 days: ~14 weekly partitions hold th
 STRAYS = 200  # runs with version-4 ids: their rows must land in the default partition
 
 # A UUIDv7 in SQL: 48 bits of Unix milliseconds, version 7, 12 bits, variant 10, 62 bits.
-_SEED = f"""
+_SEED = """
 INSERT INTO runs (run_id, tenant_id, workflow, version, status, input, created_by,
                   created_at, updated_at, finished_at)
 SELECT (lpad(to_hex(ms), 12, '0') || '7' || substr(h, 1, 3) || '8' || substr(h, 4, 15))::uuid,
@@ -61,8 +61,17 @@ INSERT INTO runs_archive (run_id, tenant_id, workflow, version, status, input, c
                           created_at, archived_at)
 SELECT run_id, tenant_id, workflow, version, status, input, created_by, created_at, now()
 FROM runs WHERE tenant_id = 't0' AND run_id < (SELECT run_id FROM runs ORDER BY run_id
-                                               OFFSET 5000 LIMIT 1);
+                                               OFFSET {archived_window} LIMIT 1);
 """
+
+
+def _seed_sql(runs: int, strays: int) -> list[str]:
+    """The seeding statements for ``runs`` version-7 runs and ``strays`` version-4 ones."""
+    sql = _SEED.format(
+        RUNS=runs, STRAYS=strays, DAYS=DAYS, PER_RUN=PER_RUN, archived_window=runs // 10
+    )
+    return [s for s in sql.split(";\n") if s.strip()]
+
 
 # Row count and an order-independent checksum of every row's full text, per table.
 _CENSUS = """
@@ -89,9 +98,8 @@ async def test_0023_on_a_million_rows(make_pg_database: Callable[[], str]) -> No
     try:
         started = time.perf_counter()
         async with db.write() as conn:
-            for statement in _SEED.split(";\n"):
-                if statement.strip():
-                    await conn.execute(text(statement))
+            for statement in _seed_sql(RUNS, STRAYS):
+                await conn.execute(text(statement))
             await conn.execute(text("ANALYZE"))
         seeded_in = time.perf_counter() - started
         before = await _census(db)
@@ -214,6 +222,47 @@ async def test_0023_on_a_million_rows(make_pg_database: Callable[[], str]) -> No
                     )
                 )  # fmt: skip
         await asyncio.to_thread(command.upgrade, cfg, "head")
+        await check_schema(db)
+    finally:
+        await db.dispose()
+
+
+async def test_0023_down_and_up_keeps_rows(make_pg_database: Callable[[], str]) -> None:
+    """0023 → 0022 → 0023 on a small populated database keeps every row both ways.
+
+    Plain tables again after the downgrade (no partition or twin left), partitioned
+    after the upgrade; the version-4 strays kept too.
+    """
+    url = make_pg_database()
+    cfg = alembic_config(url)
+    await asyncio.to_thread(command.downgrade, cfg, "0022")
+    db = Database(Settings(database_url=url, dev_secret=DEV_SECRET))
+    try:
+        async with db.write() as conn:
+            for statement in _seed_sql(300, 7):
+                await conn.execute(text(statement))
+        before = await _census(db)
+        assert before["steps"][0] == 307 * PER_RUN
+        await asyncio.to_thread(command.upgrade, cfg, "0023")
+        assert await _census(db) == before
+        await asyncio.to_thread(command.downgrade, cfg, "0022")
+        assert await _census(db) == before
+        async with db.read() as conn:
+            for table in ("steps", "events", "runs_archive"):
+                assert not await qp.is_partitioned(conn, table)
+            stray = await conn.execute(
+                text("SELECT count(*) FROM pg_class WHERE relname LIKE 'steps\\_%'")
+            )
+            assert stray.scalar_one() == 0  # no partition and no twin left behind
+            key = await conn.execute(
+                text(
+                    "SELECT pg_get_constraintdef(oid) FROM pg_constraint "
+                    "WHERE conname = 'pk_events'"
+                )
+            )
+            assert key.scalar_one() == "PRIMARY KEY (event_id)"
+        await asyncio.to_thread(command.upgrade, cfg, "head")
+        assert await _census(db) == before
         await check_schema(db)
     finally:
         await db.dispose()

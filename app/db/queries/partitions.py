@@ -23,6 +23,9 @@ from app.db.partitions import bound, partition_name, time_of
 DDL_LOCK_TIMEOUT = "5s"
 """How long a partition DDL statement may wait for its lock before giving up."""
 
+PARTITION_LOCK_KEY = 0x74726561646C6570  # "treadlep"; any constant shared by every process
+"""Advisory lock key serialising partition changes between maintenance runs."""
+
 _RANGE = re.compile(r"FROM \('([0-9a-f-]{36})'\) TO \('([0-9a-f-]{36})'\)")
 
 
@@ -91,6 +94,16 @@ async def list_partitions(conn: AsyncConnection, table: str) -> list[Partition]:
     return sorted(found, key=lambda p: (p.lower is None, p.lower or uuid.UUID(int=0)))
 
 
+async def serialize(conn: AsyncConnection) -> None:
+    """Wait for any other maintenance run's partition change, until this transaction ends.
+
+    Two maintenance runs at once (a cron job and ``POST /admin/maintenance``) would
+    otherwise create the same partition twice, or one would drop what the other is
+    about to; the caller lists the partitions again after this.
+    """
+    await conn.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": PARTITION_LOCK_KEY})
+
+
 async def _lock_timeout(conn: AsyncConnection) -> None:
     await conn.execute(text(f"SET LOCAL lock_timeout = '{DDL_LOCK_TIMEOUT}'"))
 
@@ -149,6 +162,7 @@ async def create_ahead(
     Returns:
         The names of the partitions created (none when ``until`` was covered already).
     """
+    await serialize(conn)
     ranges = [p for p in await list_partitions(conn, table) if not p.is_default]
     if not ranges:
         raise RuntimeError(f"{table} has no range partition to continue from (revision 0023)")
