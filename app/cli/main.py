@@ -575,6 +575,8 @@ def maintenance_run(
         return
     head = "DRY RUN (rolled back): would touch" if report.dry_run else "touched"
     typer.echo(f"maintenance {head} — {report.duration_seconds:.2f} s")
+    if report.partitions_created:
+        typer.echo(f"  partitions created ahead: {', '.join(report.partitions_created)}")
     for t in report.tiers:
         counts = ", ".join(f"{n} {table}" for table, n in t.touched.items()) or "nothing"
         typer.echo(
