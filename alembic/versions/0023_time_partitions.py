@@ -92,6 +92,26 @@ def _oldest_v7(conn: sa.Connection, table: str) -> datetime | None:
     return datetime.fromtimestamp(ms / 1000, tz=UTC)
 
 
+def _options(conn: sa.Connection, table: str, *, newest_partition: bool) -> str:
+    """`` WITH (…)`` of the table's storage parameters (or its newest partition's); ''."""
+    if newest_partition:
+        found = conn.execute(
+            sa.text(
+                "SELECT c.reloptions FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid "
+                "WHERE i.inhparent = CAST(:t AS regclass) AND NOT c.relpartbound IS NULL "
+                "AND pg_get_expr(c.relpartbound, c.oid) <> 'DEFAULT' ORDER BY c.relname DESC "
+                "LIMIT 1"
+            ),
+            {"t": table},
+        ).scalar()
+    else:
+        found = conn.execute(
+            sa.text("SELECT reloptions FROM pg_class WHERE oid = CAST(:t AS regclass)"),
+            {"t": table},
+        ).scalar()
+    return f" WITH ({', '.join(found)})" if found else ""
+
+
 def _build_twin(conn: sa.Connection, table: str, *, partitioned: bool, now: datetime) -> None:
     twin = f"{table}__part"
     schema = conn.execute(sa.text("SELECT current_schema()")).scalar_one()
@@ -109,15 +129,23 @@ def _build_twin(conn: sa.Connection, table: str, *, partitioned: bool, now: date
             f"INCLUDING COMMENTS){by}"
         )
     )
+    # Storage parameters (e.g. the autovacuum settings docs/deployment.md suggests for
+    # steps) belong to the tables that hold rows: each partition, or the plain twin; on
+    # the way back, the newest partition's.
+    options = _options(conn, table, newest_partition=not partitioned)
     if partitioned:
         for lo, hi in _ranges(_oldest_v7(conn, table), now):
             conn.execute(
                 sa.text(
                     f"CREATE TABLE {table}_p{lo:%Y%m%d} PARTITION OF {twin} "
-                    f"FOR VALUES FROM ('{_bound(lo)}') TO ('{_bound(hi)}')"
+                    f"FOR VALUES FROM ('{_bound(lo)}') TO ('{_bound(hi)}'){options}"
                 )
             )
-        conn.execute(sa.text(f"CREATE TABLE {table}_default PARTITION OF {twin} DEFAULT"))
+        conn.execute(
+            sa.text(f"CREATE TABLE {table}_default PARTITION OF {twin} DEFAULT{options}")
+        )
+    elif options:
+        conn.execute(sa.text(f"ALTER TABLE {twin} SET ({options.removeprefix(' WITH (')}"))
     conn.execute(sa.text(f"INSERT INTO {twin} SELECT * FROM {table}"))
 
     constraints = conn.execute(

@@ -13,10 +13,13 @@ import asyncio
 import re
 import time
 from collections.abc import Callable
+from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from sqlalchemy import insert, select, text
 from sqlalchemy.exc import IntegrityError
+from sqlalchemy.ext.asyncio import AsyncConnection
 
 from alembic import command
 from app.core.settings import Settings
@@ -77,6 +80,17 @@ def _seed_sql(runs: int, strays: int) -> list[str]:
 _CENSUS = """
 SELECT '{t}', count(*), coalesce(sum(hashtext(x::text)::bigint), 0) FROM {t} x
 """
+
+
+async def _acl_and_options(conn: AsyncConnection, name: str) -> tuple[str | None, Any]:
+    """``"=r/"`` if PUBLIC may SELECT ``name`` (else None), and its storage parameters."""
+    acl, options = (
+        await conn.execute(
+            text("SELECT relacl::text, reloptions FROM pg_class WHERE oid = to_regclass(:t)"),
+            {"t": name},
+        )
+    ).one()
+    return ("=r/" if acl is not None and "=r/" in acl else None), options
 
 
 async def _census(db: Database) -> dict[str, tuple[int, int]]:
@@ -241,13 +255,35 @@ async def test_0023_down_and_up_keeps_rows(make_pg_database: Callable[[], str]) 
         async with db.write() as conn:
             for statement in _seed_sql(300, 7):
                 await conn.execute(text(statement))
+            # An operator's grant and autovacuum setting, which the conversion must keep.
+            await conn.execute(text("GRANT SELECT ON steps TO PUBLIC"))
+            await conn.execute(
+                text("ALTER TABLE steps SET (autovacuum_vacuum_scale_factor = 0.02)")
+            )
         before = await _census(db)
         assert before["steps"][0] == 307 * PER_RUN
         await asyncio.to_thread(command.upgrade, cfg, "0023")
         assert await _census(db) == before
+        async with db.read() as conn:
+            assert await _acl_and_options(conn, "steps") == ("=r/", None)
+            for p in await qp.list_partitions(conn, "steps"):
+                assert (await _acl_and_options(conn, p.name))[1] == [
+                    "autovacuum_vacuum_scale_factor=0.02"
+                ]
+        async with db.write() as conn:  # and a partition made later takes them too
+            made = await qp.create_partition(
+                conn, "steps", datetime(2030, 1, 7, tzinfo=UTC), datetime(2030, 1, 14, tzinfo=UTC)
+            )
+            assert (await _acl_and_options(conn, made))[1] == [
+                "autovacuum_vacuum_scale_factor=0.02"
+            ]
         await asyncio.to_thread(command.downgrade, cfg, "0022")
         assert await _census(db) == before
         async with db.read() as conn:
+            assert await _acl_and_options(conn, "steps") == (
+                "=r/",
+                ["autovacuum_vacuum_scale_factor=0.02"],
+            )
             for table in ("steps", "events", "runs_archive"):
                 assert not await qp.is_partitioned(conn, table)
             stray = await conn.execute(

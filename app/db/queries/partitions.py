@@ -117,6 +117,7 @@ async def create_partition(
     ``SHARE UPDATE EXCLUSIVE``: reads and writes go on; ``CREATE TABLE … PARTITION OF``
     would lock it ``ACCESS EXCLUSIVE``). Rows of that range already in the default
     partition (maintenance ran late) are moved into it first, in the same transaction.
+    It takes the storage parameters (``reloptions``) of the newest range partition.
 
     Returns:
         The new partition's name.
@@ -127,7 +128,20 @@ async def create_partition(
     await conn.execute(
         text(f"CREATE TABLE {name} (LIKE {table} INCLUDING DEFAULTS INCLUDING STORAGE)")
     )
-    default = next((p.name for p in await list_partitions(conn, table) if p.is_default), None)
+    existing = await list_partitions(conn, table)
+    newest = [p for p in existing if not p.is_default]
+    if newest:
+        # Storage parameters live on each partition (a partitioned parent has none): the
+        # new one takes the newest one's, e.g. an operator's autovacuum settings.
+        options = (
+            await conn.execute(
+                text("SELECT reloptions FROM pg_class WHERE oid = to_regclass(:t)"),
+                {"t": newest[-1].name},
+            )
+        ).scalar()
+        if options:
+            await conn.execute(text(f"ALTER TABLE {name} SET ({', '.join(options)})"))
+    default = next((p.name for p in existing if p.is_default), None)
     if default is not None:
         await conn.execute(
             text(
