@@ -21,7 +21,8 @@ The conversion, per table, in the migration's one transaction:
    keeps ``nextval('events_event_id_seq')``) partitioned by run_id, with its partitions.
 3. ``INSERT … SELECT *``: every row moves; then the primary key, unique constraints,
    indexes (under temporary names), foreign keys (same names, validated), grants and
-   owner are copied from the catalog, and the twin is analysed.
+   owner are copied from the catalog, storage parameters go to every partition, and the
+   twin is analysed.
 4. The swap, for all three tables at the end: ``ACCESS EXCLUSIVE``, the sequence
    re-owned by the twin, the old table dropped, the twin and its index names renamed.
    Only this step blocks reads, until commit.
