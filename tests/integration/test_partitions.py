@@ -351,3 +351,36 @@ async def test_cli_creates_and_lists_partitions(db: Database, tmp_path: Path) ->
     assert again.returncode == 0, again.stderr
     assert again.stdout.startswith("created 0 partition(s)\n")
     assert "steps_default" in again.stdout and "runs created" in again.stdout
+
+
+async def test_a_drop_that_cannot_get_its_lock_is_left_for_the_next_run(
+    db: Database, tmp_path: Path
+) -> None:
+    """A long reader on ``steps`` makes the partition drop give up (lock_timeout), not wait.
+
+    The runs are archived row by row instead, and the next run, once the reader is gone,
+    drops the emptied partitions.
+    """
+    _pg(db)
+    now = await db.now()
+    lo, _ = await _old_week(db, 10)
+    ids = [v7_at(lo + timedelta(hours=i)) for i in range(4)]
+    for rid in ids:
+        await _insert_run(db, rid, created=lo, finished=now - timedelta(days=50))
+    await _insert_children(db, ids, at=now - timedelta(days=50))
+    settings = make_settings(db.url, tmp_path)
+    async with db.engine.connect() as reader:
+        await reader.execute(text("SELECT count(*) FROM steps"))  # ACCESS SHARE until rollback
+        started = await db.now()
+        report = await run_maintenance(db, settings, tiers=[Tier.ARCHIVAL])
+        waited = (await db.now() - started).total_seconds()
+        await reader.rollback()
+    touched = report.tiers[0].touched
+    assert "partitions" not in touched
+    assert (touched["runs"], touched["steps"], touched["events"]) == (4, 8, 4)
+    assert partition_name("steps", lo) in await _names(db, "steps")
+    assert waited < 30, "the drop waited for the reader instead of giving up"
+    again = await run_maintenance(db, settings, tiers=[Tier.ARCHIVAL])
+    assert again.tiers[0].touched["partitions"] == 2
+    assert again.tiers[0].touched["runs"] == 0
+    assert partition_name("steps", lo) not in await _names(db, "steps")
