@@ -254,7 +254,7 @@ async def create_partitions_ahead(unit: Unit, settings: Settings, now: datetime)
         try:
             async with unit() as conn:
                 if await qp.is_partitioned(conn, table):
-                    created += await qp.create_ahead(conn, table, until=until, width=width)
+                    created += await qp.create_ahead(conn, table, now=now, until=until, width=width)
         except DBAPIError as exc:
             if classify(exc) is not DbFault.LOCK_TIMEOUT:
                 raise

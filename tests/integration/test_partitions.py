@@ -384,3 +384,19 @@ async def test_a_drop_that_cannot_get_its_lock_is_left_for_the_next_run(
     assert again.tiers[0].touched["partitions"] == 2
     assert again.tiers[0].touched["runs"] == 0
     assert partition_name("steps", lo) not in await _names(db, "steps")
+
+
+async def test_a_table_with_no_range_left_starts_again_today(db: Database, tmp_path: Path) -> None:
+    _pg(db)
+    now = await db.now()
+    async with db.write() as conn:
+        for p in await qp.list_partitions(conn, "runs_archive"):
+            if not p.is_default:
+                await qp.drop_partition(conn, p)
+    created = await create_partitions_ahead(db.write, make_settings(db.url, tmp_path), now)
+    mine = sorted(n for n in created if n.startswith("runs_archive_"))
+    assert mine[0] == partition_name("runs_archive", now)
+    async with db.read() as conn:
+        ranges = [p for p in await qp.list_partitions(conn, "runs_archive") if not p.is_default]
+    assert ranges[0].starts == now.replace(hour=0, minute=0, second=0, microsecond=0)
+    assert ranges[-1].ends is not None and ranges[-1].ends > now + timedelta(days=14)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import re
 import uuid
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -166,22 +166,22 @@ async def create_partition(
 
 
 async def create_ahead(
-    conn: AsyncConnection, table: str, *, until: datetime, width: timedelta
+    conn: AsyncConnection, table: str, *, now: datetime, until: datetime, width: timedelta
 ) -> list[str]:
     """Create partitions of ``table`` after its last one until one covers ``until``.
 
     Each new partition is ``width`` wide and starts where the last one ends, so a change
     of width applies from the next partition on and ranges never overlap or leave gaps.
+    A table with no range partition left starts at ``now``'s UTC midnight.
 
     Returns:
         The names of the partitions created (none when ``until`` was covered already).
     """
     await serialize(conn)
     ranges = [p for p in await list_partitions(conn, table) if not p.is_default]
-    if not ranges:
-        raise RuntimeError(f"{table} has no range partition to continue from (revision 0023)")
-    start = ranges[-1].ends
-    assert start is not None
+    start = ranges[-1].ends if ranges else None
+    if start is None:
+        start = now.astimezone(UTC).replace(hour=0, minute=0, second=0, microsecond=0)
     created: list[str] = []
     while start <= until:
         created.append(await create_partition(conn, table, start, start + width))
