@@ -16,6 +16,7 @@ from sqlalchemy.engine import Connection
 from alembic import context
 from app.core.settings import Settings
 from app.db.database import Database
+from app.db.partitions import include_name
 from app.db.tables import metadata
 
 # Any constant works; it only has to be the same in every Treadle process.
@@ -31,6 +32,8 @@ def _run(connection: Connection) -> None:
         render_as_batch=connection.dialect.name == "sqlite",
         transaction_per_migration=False,
         compare_type=True,
+        # Time partitions are not tables of tables.py (docs/adr/0036-time-partitions.md).
+        include_name=include_name,
     )
     context.run_migrations()
 

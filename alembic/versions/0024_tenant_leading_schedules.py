@@ -24,7 +24,7 @@ of the backfill PostgreSQL does with ``UPDATE … FROM``). The rebuild keeps the
 indexes' predicates (SQLAlchemy reflects ``sqlite_where``; the migration test checks it).
 
 Revision ID: 0024
-Revises: 0022
+Revises: 0023
 Create Date: 2026-12-02 13:45:00.000000
 """
 
@@ -35,7 +35,7 @@ import sqlalchemy as sa
 from alembic import op
 
 revision: str = "0024"
-down_revision: str | None = "0022"
+down_revision: str | None = "0023"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 

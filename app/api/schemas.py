@@ -828,7 +828,10 @@ class MaintenanceTierReport(BaseModel):
     window_days: float = Field(description="The tier's retention window from settings.")
     cutoff: datetime = Field(description="Rows older than this (database clock) were eligible.")
     batches: int = Field(description="Transactions used (TREADLE_MAINTENANCE_BATCH_SIZE each).")
-    touched: dict[str, int] = Field(description="Rows changed, moved or deleted per table.")
+    touched: dict[str, int] = Field(
+        description="Rows changed, moved or deleted per table; ``partitions``: whole time "
+        "partitions dropped (PostgreSQL), whose rows are counted under their table."
+    )
 
 
 class MaintenanceReport(BaseModel):
@@ -838,6 +841,11 @@ class MaintenanceReport(BaseModel):
     started_at: datetime
     duration_seconds: float
     tiers: list[MaintenanceTierReport]
+    partitions_created: list[str] = Field(
+        default_factory=list,
+        description="PostgreSQL time partitions created ahead by this run "
+        "(docs/adr/0036-time-partitions.md); always empty on SQLite and in a dry run.",
+    )
 
 
 class WhoAmI(BaseModel):

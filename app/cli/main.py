@@ -575,12 +575,79 @@ def maintenance_run(
         return
     head = "DRY RUN (rolled back): would touch" if report.dry_run else "touched"
     typer.echo(f"maintenance {head} — {report.duration_seconds:.2f} s")
+    if report.partitions_created:
+        typer.echo(f"  partitions created ahead: {', '.join(report.partitions_created)}")
     for t in report.tiers:
         counts = ", ".join(f"{n} {table}" for table, n in t.touched.items()) or "nothing"
         typer.echo(
             f"  {t.tier.value:<10} older than {t.window_days:g} days "
             f"(before {t.cutoff.isoformat()}): {counts} in {t.batches} batch(es)"
         )
+
+
+@maintenance_app.command("partitions")
+def maintenance_partitions(
+    output: Annotated[
+        OutputFormat, typer.Option("--output", "-o", help="text (default) or json")
+    ] = OutputFormat.TEXT,
+) -> None:
+    """Create the PostgreSQL time partitions missing ahead, then list them all.
+
+    What every `treadle maintenance run` does first: partitions of steps, events and
+    runs_archive, TREADLE_PARTITION_DAYS wide, until runs created
+    TREADLE_PARTITIONS_AHEAD_DAYS from now have one (docs/adr/0036-time-partitions.md).
+    Lists nothing on SQLite, which has no partitions.
+    """
+    from app.core.logging import configure_logging
+    from app.engine.maintenance import PartitionInfo, ensure_partitions
+
+    settings = load_settings()
+    configure_logging(settings)
+    result: list[tuple[list[str], list[PartitionInfo]]] = []
+
+    async def go() -> None:
+        from app.db.database import Database
+        from app.db.migrations import check_schema
+
+        db = Database(settings)
+        try:
+            await check_schema(db)
+            result.append(await ensure_partitions(db, settings))
+        finally:
+            await db.dispose()
+
+    _run(go())
+    if not result:
+        raise typer.Exit(1)
+    created, listed = result[0]
+    if output is OutputFormat.JSON:
+        doc = {
+            "created": created,
+            "partitions": [
+                {
+                    "table": p.table,
+                    "name": p.name,
+                    "starts": None if p.starts is None else p.starts.isoformat(),
+                    "ends": None if p.ends is None else p.ends.isoformat(),
+                }
+                for p in listed
+            ],
+        }
+        typer.echo(stdjson.dumps(doc, indent=2))
+        return
+    if not listed:
+        typer.echo("no time partitions (SQLite, or a schema before revision 0023)")
+        return
+    typer.echo(
+        f"created {len(created)} partition(s)" + (f": {', '.join(created)}" if created else "")
+    )
+    for p in listed:
+        span = (
+            "default (ids outside every range)"
+            if p.starts is None or p.ends is None
+            else f"runs created {p.starts:%Y-%m-%d %H:%M} to {p.ends:%Y-%m-%d %H:%M} UTC"
+        )
+        typer.echo(f"  {p.name:<28} {span}")
 
 
 def main() -> None:

@@ -367,6 +367,23 @@ class Settings(BaseSettings):
         le=10_000,
         description="Runs (or rows, for audit trimming) per maintenance transaction.",
     )
+    partition_days: int = Field(
+        default=7,
+        ge=1,
+        le=366,
+        description="PostgreSQL time partitions (steps, events, runs_archive): days of run "
+        "creation each new partition covers (docs/adr/0036-time-partitions.md). A change "
+        "applies from the next partition maintenance creates.",
+    )
+    partitions_ahead_days: int = Field(
+        default=14,
+        ge=1,
+        le=3_650,
+        description="PostgreSQL time partitions: each maintenance run creates partitions "
+        "until runs created this many days from now have one. Runs beyond it land in the "
+        "default partition (kept, but moved on the next creation): run maintenance more "
+        "often than this.",
+    )
 
     max_lost_attempts: int = Field(
         default=3,

@@ -37,6 +37,10 @@ NAMING_CONVENTION = {
 
 metadata = MetaData(naming_convention=NAMING_CONVENTION)
 
+# steps, events and runs_archive on PostgreSQL: range partitions of UUIDv7 run ids, i.e.
+# of run creation time (docs/adr/0036-time-partitions.md; app/db/partitions.py).
+PARTITION_BY = "RANGE (run_id)"
+
 # The terminal run statuses (TERMINAL_RUN_STATUSES) as an SQL list, for index predicates.
 TERMINAL_STATUSES_SQL = "('completed', 'failed', 'cancelled', 'compensated')"
 # A run holds its concurrency slot while it is not terminal: the terminal write itself
@@ -288,6 +292,9 @@ steps = Table(
     Column("fence", BigInteger, nullable=False),
     PrimaryKeyConstraint("run_id", "step_id"),
     UniqueConstraint("run_id", "seq"),
+    # PostgreSQL: weekly partitions by run id, i.e. by run creation time (revision 0023,
+    # docs/adr/0036-time-partitions.md); the keys above contain it, as they must.
+    postgresql_partition_by=PARTITION_BY,
 )
 
 events = Table(
@@ -302,6 +309,12 @@ events = Table(
     Column("actor", String(255), nullable=True),
     Column("data", Text, nullable=True),
     Index("ix_events_run_id_event_id", "run_id", "event_id"),
+    # PostgreSQL: partitioned like steps (revision 0023, docs/adr/0036-time-partitions.md),
+    # so its primary key there is EVENTS_PRIMARY_KEY_POSTGRESQL (a key must contain the
+    # partition key); SQLite keeps event_id alone, its autoincrement rowid. The sequence
+    # keeps event_id unique on both; every reader orders one run's events by it.
+    postgresql_partition_by=PARTITION_BY,
+    info={"postgresql_primary_key": ("event_id", "run_id")},
 )
 
 dead_letters = Table(
@@ -501,6 +514,8 @@ runs_archive = Table(
     Column("compacted_at", UtcDateTime, nullable=True),
     Column("archived_at", UtcDateTime, nullable=False),
     Index("ix_runs_archive_tenant_id_run_id", "tenant_id", "run_id"),
+    # PostgreSQL: partitioned like steps (revision 0023, docs/adr/0036-time-partitions.md).
+    postgresql_partition_by=PARTITION_BY,
 )
 
 console_sessions = Table(

@@ -28,7 +28,8 @@ PENDING = {
     "runs": "PK (run_id): every run child's foreign key moves with it (next slice)",
     "run_labels": "FK to runs(run_id); waits for runs",
     "steps": "FK to runs(run_id); waits for runs",
-    "events": "FK to runs(run_id); PK event_id is SQLite's autoincrement rowid",
+    "events": "FK to runs(run_id); PK event_id is SQLite's autoincrement rowid "
+    "((event_id, run_id) on PostgreSQL, partitioned: docs/adr/0036-time-partitions.md)",
     "dead_letters": "FK to runs(run_id); waits for runs",
     "signals": "FK to runs(run_id); PK signal_id is SQLite's autoincrement rowid",
     "approval_decisions": "FK to runs(run_id); waits for runs",

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import and_, delete, exists, insert, or_, select, update
+from sqlalchemy import and_, delete, exists, func, insert, or_, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.status import TERMINAL_RUN_STATUSES
@@ -245,3 +245,61 @@ async def trim_dead_letters(
         return 0, None
     result = await conn.execute(delete(dead_letters).where(dead_letters.c.dead_letter_id.in_(ids)))
     return result.rowcount, ids[-1]
+
+
+def _in_range(lower: uuid.UUID, upper: uuid.UUID) -> Any:
+    return and_(runs.c.run_id >= lower, runs.c.run_id < upper)
+
+
+async def lock_runs_in_range(
+    conn: AsyncConnection, lower: uuid.UUID, upper: uuid.UUID
+) -> list[uuid.UUID] | None:
+    """Lock every run whose id is in ``[lower, upper)`` (one time partition's runs).
+
+    ``FOR UPDATE SKIP LOCKED``, compared with a count: a run another transaction holds
+    (a retry, a requeue) makes the whole range wait for the next maintenance run, so
+    nothing can revive a run of a partition while it is being dropped.
+
+    Returns:
+        The ids (in order), or None when some run of the range is locked elsewhere.
+    """
+    total = (
+        await conn.execute(select(func.count()).select_from(runs).where(_in_range(lower, upper)))
+    ).scalar_one()
+    locked = await conn.execute(
+        select(runs.c.run_id)
+        .where(_in_range(lower, upper))
+        .order_by(runs.c.run_id)
+        .with_for_update(skip_locked=True)
+    )
+    ids = [r[0] for r in locked.all()]
+    return ids if len(ids) == total else None
+
+
+async def range_archivable(
+    conn: AsyncConnection, lower: uuid.UUID, upper: uuid.UUID, *, finished_before: datetime
+) -> bool:
+    """Whether every run of ``[lower, upper)`` is one archival would pick (none: True).
+
+    The rule of :func:`pick_finished_runs`: terminal, finished before ``finished_before``,
+    and not the child of a live parent.
+    """
+    eligible = and_(
+        runs.c.finished_at.is_not(None),
+        runs.c.finished_at < finished_before,
+        runs.c.status.in_(_TERMINAL),
+        _parent_finished(),
+    )
+    blocker = select(runs.c.run_id).where(_in_range(lower, upper), ~eligible).limit(1)
+    return (await conn.execute(blocker)).first() is None
+
+
+async def range_trimmable(conn: AsyncConnection, lower: uuid.UUID, upper: uuid.UUID) -> bool:
+    """Whether every run of ``[lower, upper)`` is one whose old events audit may delete.
+
+    The rule of :func:`trim_events`: terminal, and not the child of a live parent (the
+    events' own age is the caller's check).
+    """
+    eligible = and_(runs.c.status.in_(_TERMINAL), _parent_finished())
+    blocker = select(runs.c.run_id).where(_in_range(lower, upper), ~eligible).limit(1)
+    return (await conn.execute(blocker)).first() is None
