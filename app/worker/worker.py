@@ -58,6 +58,11 @@ LISTEN_PROBE_SECONDS = 5.0
 within milliseconds; app.db.pooler.notifications_arrive)."""
 LISTEN_APPLICATION_NAME = "treadle-worker-listen"
 """``application_name`` of a worker's LISTEN connection (see pg_stat_activity)."""
+LISTEN_CHECK_TIMEOUT_SECONDS = 5.0
+"""Bound on the LISTEN connection's connect and on each liveness ``SELECT 1``: a server
+that stops answering without closing the socket (frozen, partitioned away) is given up
+on and reconnected instead of holding the LISTEN forever (asyncpg's default connect
+timeout is 60 s, and a statement has none)."""
 LISTEN_RETRY_SECONDS = (0.1, 2.0)
 """First and longest pause between reconnects of a lost LISTEN connection (doubling, never
 longer than ``TREADLE_POLL_INTERVAL_SECONDS``). Not the poll interval itself: until LISTEN
@@ -643,6 +648,7 @@ class Worker:
         # Named, so operators (and the HA test) can find the LISTEN sessions in
         # pg_stat_activity on whichever node is the primary.
         kwargs["server_settings"] = {"application_name": LISTEN_APPLICATION_NAME}
+        kwargs["timeout"] = LISTEN_CHECK_TIMEOUT_SECONDS
         probed = False
         pause = LISTEN_RETRY_SECONDS[0]
         lost_at: float | None = None  # monotonic time the connection was lost, while it is
@@ -650,7 +656,9 @@ class Worker:
             conn: Any = None
             try:
                 conn = await asyncpg.connect(**kwargs)
-                await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake.set())
+                # asyncpg's LISTEN (and the probe's UNLISTEN) take no timeout of their own.
+                async with asyncio.timeout(LISTEN_CHECK_TIMEOUT_SECONDS):
+                    await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake.set())
                 self._wake.set()  # catch anything submitted while we were not listening
                 pause = LISTEN_RETRY_SECONDS[0]
                 if lost_at is not None:
@@ -660,11 +668,12 @@ class Worker:
                     )
                     lost_at = None
                 if not probed:
-                    await self._probe_listen(conn)
+                    async with asyncio.timeout(LISTEN_PROBE_SECONDS + LISTEN_CHECK_TIMEOUT_SECONDS):
+                        await self._probe_listen(conn)
                     probed = True  # once per process, unless the probe met a fault
                 while not conn.is_closed():
                     await asyncio.sleep(self.settings.heartbeat_interval_seconds)
-                    await conn.execute("SELECT 1")
+                    await conn.execute("SELECT 1", timeout=LISTEN_CHECK_TIMEOUT_SECONDS)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # noqa: BLE001 - reconnect after a pause
@@ -676,7 +685,9 @@ class Worker:
             finally:
                 if conn is not None:
                     with contextlib.suppress(Exception):
-                        await conn.close()
+                        await conn.close(timeout=LISTEN_CHECK_TIMEOUT_SECONDS)
+                    if not conn.is_closed():
+                        conn.terminate()  # a frozen server never answers the goodbye
 
     async def _probe_listen(self, conn: Any) -> None:
         """Once per process: say so, as an error, if the LISTEN hears no NOTIFY.

@@ -9,6 +9,7 @@ from __future__ import annotations
 import asyncio
 import math
 import time
+from collections.abc import Awaitable
 from pathlib import Path
 
 import asyncpg
@@ -188,6 +189,10 @@ async def _true(value: bool) -> bool | None:
     return value or None
 
 
+async def _some(found: Awaitable[set[int]]) -> set[int] | None:
+    return (await found) or None
+
+
 async def test_idle_worker_is_woken_well_before_its_poll(database_url: str, tmp_path: Path) -> None:
     # Polling every 30 s, woken by the coalesced NOTIFY: done well within 10 s.
     took = await _idle_worker_claims(
@@ -203,3 +208,70 @@ async def test_lost_wakeup_is_covered_by_polling(database_url: str, tmp_path: Pa
         database_url, tmp_path, coalescer=False, poll=1.0, deadline=5.0
     )
     assert took < 5.0
+
+
+async def _listen_backends(db: Database, query: str = "%") -> set[int]:
+    async with db.read() as conn:
+        rows = await conn.execute(
+            text(
+                "SELECT pid FROM pg_stat_activity WHERE application_name = :a"
+                " AND datname = current_database() AND query LIKE :q"
+            ),
+            {"a": LISTEN_APPLICATION_NAME, "q": query},
+        )
+        return {int(r[0]) for r in rows}
+
+
+async def test_a_frozen_listen_server_is_given_up_and_reconnected(
+    database_url: str, tmp_path: Path
+) -> None:
+    """A LISTEN whose server stops answering (socket open) is replaced within a bound.
+
+    The backend serving the worker's LISTEN is frozen with SIGSTOP: to the worker the
+    connection looks open and silent, like a network partition. Its liveness check times
+    out (``LISTEN_CHECK_TIMEOUT_SECONDS``), it connects again, and a submit wakes it
+    through the new LISTEN while its poll interval is 30 s.
+    """
+    import os
+    import signal
+
+    settings = make_settings(
+        database_url, tmp_path, poll_interval_seconds=30.0, lease_ttl_seconds=60.0
+    )
+    db = Database(settings)
+    frozen: int | None = None
+    try:
+        _pg_only(db)
+        async with db.write() as conn:
+            await REGISTRY.register(conn)
+        submitter = Submitter(db, settings)
+        request = SubmitRequest(workflow="wake-plain", input={})
+        async with workers(settings, db, REGISTRY) as started:
+            # Frozen in its steady state: listening, probed, checked alive once.
+            checked = await wait_for(
+                lambda: _some(_listen_backends(db, "SELECT 1")), timeout=15, what="LISTEN checked"
+            )
+            (frozen,) = checked
+            try:
+                os.kill(frozen, signal.SIGSTOP)
+            except PermissionError:
+                frozen = None
+                pytest.skip("the PostgreSQL server's processes are not ours to signal")
+
+            async def replaced() -> bool | None:
+                return bool((await _listen_backends(db)) - {frozen}) or None
+
+            # The check runs every heartbeat interval (0.5 s here) and gives up after
+            # LISTEN_CHECK_TIMEOUT_SECONDS: well within 30 s, the poll interval.
+            await wait_for(replaced, timeout=25, what="a new LISTEN connection")
+            await wait_for(
+                lambda: _true(not started[0]._wake.is_set()), timeout=10, what="worker idle"
+            )
+            t0 = time.monotonic()
+            row, _ = await submitter.submit(request, tenant_id=TENANT, subject="s")
+            await reach(db, TENANT, row["run_id"], "completed", timeout=10)
+            assert time.monotonic() - t0 < 10.0
+    finally:
+        if frozen is not None:
+            os.kill(frozen, signal.SIGCONT)
+        await db.dispose()
