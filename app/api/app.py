@@ -39,6 +39,7 @@ from app.api.routes import (
 from app.api.trace_requests import TraceRequests
 from app.auth.authenticator import Authenticator
 from app.auth.oidc import OidcSignIn
+from app.auth.token_cache import TokenCache
 from app.console import mount as mount_console
 from app.core import tracing
 from app.core.settings import Settings
@@ -238,10 +239,15 @@ def create_app(
     app.state.settings = settings
     app.state.db = database
     app.state.submitter = Submitter(database, settings)
-    app.state.api_keys = ApiKeyService(database)
+    # One verified-token cache per process, told of every revocation made here
+    # (docs/security.md#token-cache).
+    token_cache = TokenCache(
+        size=settings.auth_cache_size, ttl_seconds=settings.auth_cache_ttl_seconds
+    )
+    app.state.api_keys = ApiKeyService(database, on_revoke=token_cache.forget_api_key)
     app.state.tenants = TenantService(database, cache_seconds=settings.tenant_cache_seconds)
     app.state.authenticator = Authenticator(
-        settings, api_keys=app.state.api_keys, tenants=app.state.tenants
+        settings, api_keys=app.state.api_keys, tenants=app.state.tenants, cache=token_cache
     )
     jwt_verifier = app.state.authenticator.jwt_verifier
     # The console's OIDC sign-in shares the API's key cache (app.auth.oidc); None unless

@@ -30,6 +30,7 @@ from joserfc.errors import InvalidKeyIdError, JoseError
 from joserfc.jwk import KeySet
 
 from app.auth.principal import Principal, Scope
+from app.auth.token_cache import Verified
 from app.core.errors import IdentityProviderUnavailable, Unauthenticated
 from app.core.ids import is_tenant_id
 from app.core.settings import Settings
@@ -254,12 +255,25 @@ class JwtVerifier:
                 tenant. The detail says which, for the log; the client never sees it.
             IdentityProviderUnavailable: the keys needed to check it cannot be loaded.
         """
+        return (await self.verified(token)).principal
+
+    async def verified(self, token: str) -> Verified:
+        """Verify ``token`` as :meth:`verify` does; also return its ``exp`` (Unix seconds).
+
+        The authenticator's cache (:mod:`app.auth.token_cache`) keeps the result no
+        longer than that ``exp``.
+
+        Raises:
+            Unauthenticated: as :meth:`verify`.
+            IdentityProviderUnavailable: as :meth:`verify`.
+        """
         decoded = await self.decode(token)
         try:
             self._claims.validate(decoded.claims)
         except (JoseError, ValueError) as exc:
             raise Unauthenticated(f"invalid token: {exc}") from exc
-        return self._principal(decoded.claims)
+        # exp is essential and numeric once validate() passed.
+        return Verified(self._principal(decoded.claims), float(decoded.claims["exp"]))
 
     async def decode(self, token: str) -> jwt.Token:
         """Check ``token``'s form, algorithm and signature; its claims are not checked.
