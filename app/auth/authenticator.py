@@ -134,7 +134,9 @@ class Authenticator:
                 (503): the token may be valid, so this is no 401.
         """
         api_key = is_api_key(token)
-        principal = self.cache.get(token)
+        # A JWT verified against an older key set of the provider is verified again.
+        keys_version = self._jwt.source.version if self._jwt is not None else None
+        principal = self.cache.get(token, keys_version=keys_version)
         if principal is None:
             generation = self.cache.generation
             try:

@@ -16,6 +16,10 @@ whose they are:
   first (cachetools' ``TLRUCache``: LRU order, an expiry per entry).
 - **Only successes**: a refused token (forged, expired, unknown, revoked) raises and is
   never stored, so it is verified again, and refused again, on every request.
+- **Provider keys**: a JWT's entry records the version of the provider's key set it was
+  verified against (:attr:`app.auth.jwt.JwksSource.version`); once a fetch loads a set
+  unlike that one (rotation, a key withdrawn), the entry is a miss and the token is
+  verified against the new set.
 - **Revocation**: revoking an API key through this process drops its entries at once
   (:meth:`TokenCache.forget_api_key`), including a verification that was under way while
   the revocation committed (the generation check in :meth:`TokenCache.put`). A revocation
@@ -48,10 +52,13 @@ class Verified:
         principal: whose it is.
         expires_at: its ``exp`` (Unix seconds, wall clock), or None for a token without
             one (an API key lives until it is revoked).
+        keys_version: the version of the provider's key set that checked its signature
+            (jwt mode), or None when no fetched key set was involved.
     """
 
     principal: Principal
     expires_at: float | None = None
+    keys_version: int | None = None
 
 
 def digest(token: str) -> bytes:
@@ -97,8 +104,12 @@ class TokenCache:
         """The keys held now (for inspection: they are digests, never tokens)."""
         return frozenset(self._entries.keys())
 
-    def get(self, token: str) -> Principal | None:
-        """The principal of ``token`` if this process verified it within its lifetime."""
+    def get(self, token: str, *, keys_version: int | None = None) -> Principal | None:
+        """The principal of ``token`` if this process verified it within its lifetime.
+
+        ``keys_version`` is the provider's key set version now: an entry verified against
+        another version is dropped (a miss).
+        """
         if not self.enabled:
             return None
         key = digest(token)
@@ -107,6 +118,9 @@ class TokenCache:
             return None
         if hit.expires_at is not None and hit.expires_at <= self._clock():
             # The wall clock moved past exp faster than the monotonic one: refuse to trust.
+            self._entries.pop(key, None)
+            return None
+        if hit.keys_version is not None and hit.keys_version != keys_version:
             self._entries.pop(key, None)
             return None
         return hit.principal
