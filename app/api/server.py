@@ -178,7 +178,8 @@ def server_config(
     h11, not httptools: httptools buffers headers without a limit (a 20 MB header was
     accepted), while h11 refuses a request line plus headers over
     ``TREADLE_MAX_HEADER_BYTES`` with 400 before the app runs. Reads are bounded by
-    :class:`BoundedH11Protocol`.
+    :class:`BoundedH11Protocol`. httptools was measured against these tests and its
+    saving weighed in docs/adr/0035-http-parser.md.
 
     Args:
         app: the ASGI app (``create_app(settings)``).
