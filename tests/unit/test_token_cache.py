@@ -187,3 +187,12 @@ async def test_cache_off_still_verifies(tmp_path: Path, rsa: RSAKey) -> None:
     token = mint(rsa)
     assert (await auth.authenticate(token)).subject == "u"
     assert len(auth.cache) == 0
+
+
+def test_a_jwt_verified_against_an_older_key_set_is_a_miss() -> None:
+    cache = TokenCache(size=10, ttl_seconds=60)
+    entry = Verified(principal(), expires_at=time.time() + 60, keys_version=1)
+    cache.put("jwt", entry, generation=cache.generation)
+    assert cache.get("jwt", keys_version=1) is not None
+    assert cache.get("jwt", keys_version=2) is None  # the provider's set changed
+    assert len(cache) == 0
