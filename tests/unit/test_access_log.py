@@ -128,7 +128,8 @@ def test_the_api_has_two_middleware_layers_of_its_own() -> None:
         Settings(database_url="sqlite+aiosqlite:///:memory:", dev_secret="x" * 32),
         check_schema_on_start=False,
     )
-    expected = [AccessLog, RequestGuards, ConsoleHeaders]
+    expected: list[object] = [AccessLog, RequestGuards, ConsoleHeaders]
     if tracing.ENABLED:
         expected.insert(0, TraceRequests)
-    assert [m.cls for m in app.user_middleware] == expected
+    layers: list[object] = [m.cls for m in app.user_middleware]
+    assert layers == expected
