@@ -1,9 +1,11 @@
-"""The API's access log: one line per HTTP request, with the route template.
+"""The API's request id and access log: one line per HTTP request, with the route template.
 
-A pure ASGI middleware (no ``BaseHTTPMiddleware``: that one runs the app in another task
-and buffers streaming responses), inside :class:`app.api.app.RequestId`, so each line
-carries that request's ``request_id`` from the structlog context. It replaces uvicorn's
-own access log, which knows only the raw path (ids, query strings) and no request id.
+One pure ASGI middleware (no ``BaseHTTPMiddleware``: that one runs the app in another task
+and buffers streaming responses) does both: it echoes or mints ``X-Request-ID``, binds it
+to every log record of the request (structlog contextvars), and logs the request when it
+ends. One layer, not two: both wrap the same ``send`` for the same response start
+(docs/adr/0035-http-parser.md, "Middleware"). It replaces uvicorn's own access log,
+which knows only the raw path (ids, query strings) and no request id.
 Choices: docs/adr/0024-one-log-pipeline-and-an-access-log.md.
 """
 
@@ -11,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import time
+import uuid
 from typing import Any
 
 import structlog
@@ -39,8 +42,25 @@ def route_template(scope: Scope) -> str:
     return getattr(route, "path", None) or "unmatched"
 
 
+def request_id_of(scope: Scope) -> str:
+    """The request's ``X-Request-ID`` if short and printable, else a new random id (hex).
+
+    Only short, printable ids are echoed: a header must not inject anything.
+    """
+    request_id = ""
+    for name, value in scope.get("headers", []):
+        if name == b"x-request-id":
+            candidate = value.decode("latin-1")
+            if 0 < len(candidate) <= 128 and candidate.isprintable():
+                request_id = candidate
+    return request_id or uuid.uuid4().hex
+
+
 class AccessLog:
-    """ASGI middleware: log each request when it ends, and count and time it (metrics).
+    """ASGI middleware: the request id, then one line per request, its count and time.
+
+    ``X-Request-ID`` is echoed on the response (or minted, :func:`request_id_of`) and
+    bound as ``request_id`` to every log record of the request, this line's included.
 
     The line is ``request`` at info (probes at debug); the series are
     ``treadle_http_requests_total`` and ``treadle_http_request_duration_seconds``.
@@ -61,37 +81,46 @@ class AccessLog:
             await self.app(scope, receive, send)
             return
         started = time.perf_counter()
+        request_id = request_id_of(scope)
+        id_header = (b"x-request-id", request_id.encode("latin-1"))
         status: int | None = None
 
         async def capture(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = int(message["status"])
+                message = {**message, "headers": [*message.get("headers", []), id_header]}
             await send(message)
 
         failed: type[BaseException] | None = None
-        try:
-            await self.app(scope, receive, capture)
-        except BaseException as exc:
-            failed = type(exc)
-            raise
-        finally:
-            elapsed = time.perf_counter() - started
-            route = route_template(scope)
-            method = scope.get("method", "GET")
-            # The HTTP metrics are this layer's too (one status capture per request); an
-            # unanswered request counts as 500 there, as it always has.
-            metrics.HTTP_REQUESTS.labels(method, route, str(status or 500)).inc()
-            metrics.HTTP_DURATION.labels(method, route).observe(elapsed)
-            if status is None:
-                status = CLIENT_CLOSED if failed is asyncio.CancelledError else 500
-            client = scope.get("client")
-            line = log.debug if route in PROBE_ROUTES else log.info
-            line(
-                "request",
-                method=scope.get("method", ""),
-                route=route,
-                status=status,
-                duration_ms=round(elapsed * 1000, 3),
-                client=client[0] if client else None,
-            )
+        with structlog.contextvars.bound_contextvars(request_id=request_id):
+            try:
+                await self.app(scope, receive, capture)
+            except BaseException as exc:
+                failed = type(exc)
+                raise
+            finally:
+                self._log(scope, status, failed, time.perf_counter() - started)
+
+    @staticmethod
+    def _log(
+        scope: Scope, status: int | None, failed: type[BaseException] | None, elapsed: float
+    ) -> None:
+        route = route_template(scope)
+        method = scope.get("method", "GET")
+        # The HTTP metrics are this layer's too (one status capture per request); an
+        # unanswered request counts as 500 there, as it always has.
+        metrics.HTTP_REQUESTS.labels(method, route, str(status or 500)).inc()
+        metrics.HTTP_DURATION.labels(method, route).observe(elapsed)
+        if status is None:
+            status = CLIENT_CLOSED if failed is asyncio.CancelledError else 500
+        client = scope.get("client")
+        line = log.debug if route in PROBE_ROUTES else log.info
+        line(
+            "request",
+            method=scope.get("method", ""),
+            route=route,
+            status=status,
+            duration_ms=round(elapsed * 1000, 3),
+            client=client[0] if client else None,
+        )

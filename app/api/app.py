@@ -4,18 +4,15 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import uuid
 from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import structlog
 from fastapi import FastAPI
-from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import docs_pages, problems
 from app.api.access_log import AccessLog
-from app.api.request_guards import BodyReadTimeout, StrictJsonBody
+from app.api.request_guards import RequestGuards
 from app.api.responses import AsciiJSONResponse
 from app.api.routes import (
     admin,
@@ -39,6 +36,7 @@ from app.api.routes import (
 from app.api.trace_requests import TraceRequests
 from app.auth.authenticator import Authenticator
 from app.auth.oidc import OidcSignIn
+from app.auth.token_cache import TokenCache
 from app.console import mount as mount_console
 from app.core import tracing
 from app.core.settings import Settings
@@ -54,73 +52,6 @@ API_VERSION = "0.1.0"
 _ENVELOPE_BYTES = 64 * 1024
 
 
-class BodyLimit:
-    """ASGI middleware: refuse request bodies over ``limit`` bytes with 413 problem+json.
-
-    Checks ``Content-Length`` up front and counts streamed bytes, so an oversized body is
-    never buffered whole. Also refuses headers totalling over ``header_limit`` bytes with
-    431: the HTTP server (h11) already stops reading a request head that grows past that
-    size, but only checks between socket reads, so this makes the ceiling exact.
-    """
-
-    def __init__(self, app: ASGIApp, limit: int, header_limit: int) -> None:
-        self.app = app
-        self.limit = limit
-        self.header_limit = header_limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI entry point."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        headers = scope.get("headers", [])
-        header_bytes = sum(len(name) + len(value) + 4 for name, value in headers)
-        if header_bytes > self.header_limit:
-            response = problems.problem(
-                431,
-                "headers_too_large",
-                f"request headers exceed {self.header_limit} bytes",
-                instance=scope.get("path"),
-                limit_bytes=self.header_limit,
-            )
-            await response(scope, receive, send)
-            return
-        for name, value in headers:
-            if name == b"content-length":
-                try:
-                    too_big = int(value) > self.limit
-                except ValueError:
-                    too_big = False
-                if too_big:
-                    await self._reject(scope, receive, send)
-                    return
-        seen = 0
-
-        async def limited() -> Message:
-            nonlocal seen
-            message = await receive()
-            if message["type"] == "http.request":
-                seen += len(message.get("body", b""))
-                if seen > self.limit:
-                    raise _TooLarge()
-            return message
-
-        try:
-            await self.app(scope, limited, send)
-        except _TooLarge:
-            await self._reject(scope, receive, send)
-
-    async def _reject(self, scope: Scope, receive: Receive, send: Send) -> None:
-        response = problems.problem(
-            413,
-            "payload_too_large",
-            f"request body exceeds {self.limit} bytes",
-            instance=scope.get("path"),
-            limit_bytes=self.limit,
-        )
-        await response(scope, receive, send)
-
-
 # FastAPI 0.16x traces every route itself once a global tracer provider exists; Treadle's
 # traces are its own (app/core/tracing.py: one server span for POST /runs, whose context
 # the run stores), so FastAPI's are turned off where the option exists
@@ -130,47 +61,6 @@ _NO_NATIVE_TRACING: dict[str, Any] = (
     if "telemetry" in inspect.signature(FastAPI.__init__).parameters
     else {}
 )
-
-
-class RequestId:
-    """ASGI middleware: echo ``X-Request-ID``, or mint one.
-
-    The id is bound to every log record of the request (structlog contextvars).
-    """
-
-    def __init__(self, app: ASGIApp) -> None:
-        self.app = app
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI entry point."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        request_id = ""
-        for name, value in scope.get("headers", []):
-            if name == b"x-request-id":
-                candidate = value.decode("latin-1")
-                # Only short, printable ids are echoed: a header must not inject anything.
-                if 0 < len(candidate) <= 128 and candidate.isprintable():
-                    request_id = candidate
-        request_id = request_id or uuid.uuid4().hex
-
-        async def with_header(message: Message) -> None:
-            if message["type"] == "http.response.start":
-                headers = list(message.get("headers", []))
-                headers.append((b"x-request-id", request_id.encode("latin-1")))
-                message = {**message, "headers": headers}
-            await send(message)
-
-        with structlog.contextvars.bound_contextvars(request_id=request_id):
-            await self.app(scope, receive, with_header)
-
-
-class _TooLarge(StarletteHTTPException):
-    # An HTTPException so that FastAPI's body reader re-raises it instead of wrapping it
-    # in a generic 400 "error parsing the body".
-    def __init__(self) -> None:
-        super().__init__(413, "request body too large")
 
 
 def create_app(
@@ -238,10 +128,15 @@ def create_app(
     app.state.settings = settings
     app.state.db = database
     app.state.submitter = Submitter(database, settings)
-    app.state.api_keys = ApiKeyService(database)
+    # One verified-token cache per process, told of every revocation made here
+    # (docs/security.md#token-cache).
+    token_cache = TokenCache(
+        size=settings.auth_cache_size, ttl_seconds=settings.auth_cache_ttl_seconds
+    )
+    app.state.api_keys = ApiKeyService(database, on_revoke=token_cache.forget_api_key)
     app.state.tenants = TenantService(database, cache_seconds=settings.tenant_cache_seconds)
     app.state.authenticator = Authenticator(
-        settings, api_keys=app.state.api_keys, tenants=app.state.tenants
+        settings, api_keys=app.state.api_keys, tenants=app.state.tenants, cache=token_cache
     )
     jwt_verifier = app.state.authenticator.jwt_verifier
     # The console's OIDC sign-in shares the API's key cache (app.auth.oidc); None unless
@@ -274,17 +169,16 @@ def create_app(
     # The browser console under /ui (pages outside the OpenAPI document): it calls this
     # same app in-process with each user's own token (docs/console.md).
     mount_console(app)
-    # Innermost first: the JSON check reads a body already bounded in size and time.
-    app.add_middleware(StrictJsonBody)
+    # Two layers of our own (docs/adr/0035-http-parser.md, "Middleware"): the request
+    # guards (head and body size, body time, strict JSON) inside the access log, so each
+    # refusal is logged with the request's id.
     app.add_middleware(
-        BodyLimit,
-        limit=settings.max_payload_bytes + _ENVELOPE_BYTES,
+        RequestGuards,
+        body_limit=settings.max_payload_bytes + _ENVELOPE_BYTES,
         header_limit=settings.max_header_bytes,
+        body_seconds=settings.body_read_timeout_seconds,
     )
-    app.add_middleware(BodyReadTimeout, seconds=settings.body_read_timeout_seconds)
-    # Inside RequestId: each access line carries the request's id from the log context.
     app.add_middleware(AccessLog)
-    app.add_middleware(RequestId)
     if tracing.ENABLED:
         # Outermost: the POST /runs span covers authentication and error responses too.
         app.add_middleware(TraceRequests)

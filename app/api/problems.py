@@ -58,7 +58,7 @@ PROBLEM_RESPONSES: dict[int | str, dict[str, Any]] = {
 """OpenAPI ``responses=`` shared by every authenticated route."""
 
 HEADERS_TOO_LARGE: dict[int | str, dict[str, Any]] = {431: PROBLEM_RESPONSES[431]}
-"""The one problem any route answers, probes included (``BodyLimit`` in app.api.app)."""
+"""The one problem any route answers, probes included (``request_guards.RequestGuards``)."""
 
 
 def problem_media_type(schema: dict[str, Any]) -> dict[str, Any]:

@@ -1,17 +1,24 @@
-"""ASGI middlewares that guard how a request body is read: its time and its JSON.
+"""The ASGI middleware that guards how a request is read: head size, body size and time, JSON.
 
-- :class:`BodyReadTimeout` bounds the time a client may take to send its body
-  (``TREADLE_BODY_READ_TIMEOUT_SECONDS``): a client trickling a byte every few seconds
-  gets ``408 request_timeout`` and the connection is closed, instead of holding a
-  connection and a request task forever (slowloris). The request *head* is bounded one
-  layer down, in the HTTP protocol (:mod:`app.api.server`), since the app only sees a
-  request once its head is complete.
-- :class:`StrictJsonBody` accepts only RFC 8259 JSON texts on every JSON-accepting
-  endpoint: UTF-8 without a byte order mark, ``charset`` absent or ``utf-8``, and no
-  object with the same key twice at any depth. Python's ``json`` (which FastAPI uses)
-  would guess UTF-16/32 from the bytes and keep the last of two equal keys, while a
-  proxy or an audit tool in front of us may read the first: the same bytes must not mean
-  two things (RFC 8259 §4 and §8.1, RFC 7493 "I-JSON" §2.3).
+:class:`RequestGuards` is one layer (it was three, each wrapping ``receive``; merged
+without a change of behaviour, docs/adr/0035-http-parser.md "Middleware"). In order:
+
+- **Head size**: request headers totalling over ``TREADLE_MAX_HEADER_BYTES`` get ``431``.
+  The HTTP server (h11) already stops reading a request head that grows past that size,
+  but only checks between socket reads, so this makes the ceiling exact.
+- **Body size**: a ``Content-Length`` over the limit, or more bytes streamed than it,
+  get ``413 payload_too_large``; an oversized body is never buffered whole.
+- **Body time** (``TREADLE_BODY_READ_TIMEOUT_SECONDS``): a client trickling a byte every
+  few seconds gets ``408 request_timeout`` and the connection is closed, instead of
+  holding a connection and a request task forever (slowloris). The request *head* is
+  bounded one layer down, in the HTTP protocol (:mod:`app.api.server`), since the app
+  only sees a request once its head is complete.
+- **Strict JSON** on every JSON-accepting endpoint: UTF-8 without a byte order mark,
+  ``charset`` absent or ``utf-8``, and no object with the same key twice at any depth.
+  Python's ``json`` (which FastAPI uses) would guess UTF-16/32 from the bytes and keep
+  the last of two equal keys, while a proxy or an audit tool in front of us may read the
+  first: the same bytes must not mean two things (RFC 8259 §4 and §8.1, RFC 7493
+  "I-JSON" §2.3).
 """
 
 from __future__ import annotations
@@ -27,63 +34,6 @@ from starlette.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from app.api import problems
-
-
-class BodyReadTimeout:
-    """ASGI middleware: a request body must arrive whole within ``seconds`` (408).
-
-    The clock starts when the app is called (the request head is complete) and only runs
-    while the body is incomplete: once its last byte arrived, ``receive()`` waits for a
-    disconnect as long as the app likes (long-polls). On expiry the request gets
-    ``408 request_timeout`` with ``Connection: close`` (RFC 9110 §15.5.9): nothing was
-    read whole, so nothing was stored.
-
-    Args:
-        app: the wrapped ASGI app.
-        seconds: the bound, ``TREADLE_BODY_READ_TIMEOUT_SECONDS``.
-    """
-
-    def __init__(self, app: ASGIApp, seconds: float) -> None:
-        self.app = app
-        self.seconds = seconds
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """ASGI entry point."""
-        if scope["type"] != "http":
-            await self.app(scope, receive, send)
-            return
-        loop = asyncio.get_running_loop()
-        deadline = loop.time() + self.seconds
-        complete = False
-
-        async def timed() -> Message:
-            nonlocal complete
-            if complete:
-                return await receive()
-            try:
-                async with asyncio.timeout_at(deadline):
-                    message = await receive()
-            except TimeoutError:
-                raise BodyTimedOut(self.seconds) from None
-            if message["type"] != "http.request" or not message.get("more_body", False):
-                complete = True
-            return message
-
-        started = False
-
-        async def tracked(message: Message) -> None:
-            nonlocal started
-            started = started or message["type"] == "http.response.start"
-            await send(message)
-
-        try:
-            await self.app(scope, timed, tracked)
-        except BodyTimedOut as exc:
-            # Raised where no exception handler runs (another middleware reading the
-            # body); inside a route FastAPI re-raises it to problems._http_error.
-            if started:
-                return  # already answering (a streamed response): the server closes
-            await timeout_problem(exc.seconds, scope.get("path"))(scope, receive, send)
 
 
 class BodyTimedOut(StarletteHTTPException):
@@ -186,41 +136,141 @@ def check_json_body(body: bytes) -> str | None:
     return None
 
 
-class StrictJsonBody:
-    """ASGI middleware: refuse JSON bodies that are not strict UTF-8 JSON (400).
+class BodyTooLarge(StarletteHTTPException):
+    """The request body streamed past the size limit (413).
 
-    Applies to every request whose ``Content-Type`` is ``application/json`` or
-    ``application/*+json`` (the bodies FastAPI parses as JSON), so every JSON-accepting
-    endpoint is covered, present and future. The body (already bounded in size and time
-    by the middlewares around this one) is read whole, checked by
-    :func:`check_json_body`, then handed to the app unchanged. Refusals are
-    ``400 malformed_json`` with a detail naming the problem; nothing is stored.
+    An ``HTTPException`` so that FastAPI's body reader re-raises it instead of wrapping
+    it in a generic 400 "error parsing the body".
+    """
+
+    def __init__(self) -> None:
+        super().__init__(413, "request body too large")
+
+
+def _exceeds(content_length: bytes, limit: int) -> bool:
+    # A malformed Content-Length is the HTTP server's to refuse, not a size problem.
+    try:
+        return int(content_length) > limit
+    except ValueError:
+        return False
+
+
+def _too_large(limit: int, instance: str | None) -> JSONResponse:
+    return problems.problem(
+        413,
+        "payload_too_large",
+        f"request body exceeds {limit} bytes",
+        instance=instance,
+        limit_bytes=limit,
+    )
+
+
+class RequestGuards:
+    """ASGI middleware: bound a request's head size, body size and time; strict JSON.
+
+    Head over ``header_limit`` bytes (names, values and 4 bytes of punctuation each):
+    ``431 headers_too_large``. Body over ``body_limit`` bytes (``Content-Length`` up
+    front, or counted as it streams): ``413 payload_too_large``. Body not whole within
+    ``body_seconds`` of the app being called (the head is complete then): ``408
+    request_timeout`` with ``Connection: close`` (RFC 9110 §15.5.9); once its last byte
+    arrived, ``receive()`` waits for a disconnect as long as the app likes (long-polls).
+    A JSON body (``application/json`` or ``application/*+json``, the bodies FastAPI
+    parses as JSON) is read whole, checked by :func:`check_json_body`, then handed to
+    the app unchanged; a refusal is ``400 malformed_json`` naming the problem. Nothing
+    refused was stored.
 
     Args:
         app: the wrapped ASGI app.
+        body_limit: ``TREADLE_MAX_PAYLOAD_BYTES`` plus room for the envelope.
+        header_limit: ``TREADLE_MAX_HEADER_BYTES``.
+        body_seconds: ``TREADLE_BODY_READ_TIMEOUT_SECONDS``.
     """
 
-    def __init__(self, app: ASGIApp) -> None:
+    def __init__(
+        self, app: ASGIApp, *, body_limit: int, header_limit: int, body_seconds: float
+    ) -> None:
         self.app = app
+        self.body_limit = body_limit
+        self.header_limit = header_limit
+        self.body_seconds = body_seconds
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        content_type = None
-        for name, value in scope.get("headers", []):
-            if name == b"content-type":
+        deadline = asyncio.get_running_loop().time() + self.body_seconds
+        headers = scope.get("headers", [])
+        header_bytes = 0
+        content_type: str | None = None
+        too_big = False
+        for name, value in headers:
+            header_bytes += len(name) + len(value) + 4
+            if name == b"content-length":
+                too_big = too_big or _exceeds(value, self.body_limit)
+            elif name == b"content-type":
                 content_type = value.decode("latin-1")
-        if content_type is None:
-            await self.app(scope, receive, send)
+        if header_bytes > self.header_limit:
+            response = problems.problem(
+                431,
+                "headers_too_large",
+                f"request headers exceed {self.header_limit} bytes",
+                instance=scope.get("path"),
+                limit_bytes=self.header_limit,
+            )
+            await response(scope, receive, send)
             return
+        if too_big:
+            await _too_large(self.body_limit, scope.get("path"))(scope, receive, send)
+            return
+        complete = False
+        seen = 0
+
+        async def guarded() -> Message:
+            nonlocal complete, seen
+            if complete:
+                return await receive()
+            try:
+                async with asyncio.timeout_at(deadline):
+                    message = await receive()
+            except TimeoutError:
+                raise BodyTimedOut(self.body_seconds) from None
+            if message["type"] == "http.request":
+                seen += len(message.get("body", b""))
+                if seen > self.body_limit:
+                    raise BodyTooLarge()
+            if message["type"] != "http.request" or not message.get("more_body", False):
+                complete = True
+            return message
+
+        started = False
+
+        async def tracked(message: Message) -> None:
+            nonlocal started
+            started = started or message["type"] == "http.response.start"
+            await send(message)
+
+        try:
+            if content_type is None:
+                await self.app(scope, guarded, tracked)
+            else:
+                await self._json(scope, guarded, tracked, content_type)
+        except BodyTooLarge:
+            await _too_large(self.body_limit, scope.get("path"))(scope, receive, send)
+        except BodyTimedOut as exc:
+            # Raised where no exception handler runs (the JSON check reading the body);
+            # inside a route FastAPI re-raises it to problems._http_error.
+            if started:
+                return  # already answering (a streamed response): the server closes
+            await timeout_problem(exc.seconds, scope.get("path"))(scope, receive, send)
+
+    async def _json(self, scope: Scope, receive: Receive, send: Send, content_type: str) -> None:
         is_json, charset = _is_json_media(content_type)
         if not is_json:
             await self.app(scope, receive, send)
             return
         if charset is not None and charset.strip().lower() != "utf-8":
-            await self._refuse(
+            await _malformed(
                 scope,
                 receive,
                 send,
@@ -239,7 +289,7 @@ class StrictJsonBody:
         body = b"".join(chunks)
         reason = check_json_body(body)
         if reason is not None:
-            await self._refuse(scope, receive, send, reason)
+            await _malformed(scope, receive, send, reason)
             return
         replayed = False
 
@@ -252,7 +302,7 @@ class StrictJsonBody:
 
         await self.app(scope, replay, send)
 
-    @staticmethod
-    async def _refuse(scope: Scope, receive: Receive, send: Send, detail: str) -> None:
-        response = problems.problem(400, "malformed_json", detail, instance=scope.get("path"))
-        await response(scope, receive, send)
+
+async def _malformed(scope: Scope, receive: Receive, send: Send, detail: str) -> None:
+    response = problems.problem(400, "malformed_json", detail, instance=scope.get("path"))
+    await response(scope, receive, send)

@@ -7,7 +7,7 @@ every few seconds, or never finishes its headers, holds the connection forever
 ``client_header_timeout`` give: a request head must be complete within
 ``TREADLE_HEADER_READ_TIMEOUT_SECONDS`` of its first byte (or of the connection opening),
 and a body within ``TREADLE_BODY_READ_TIMEOUT_SECONDS`` of its head. The app answers a
-slow body with ``408`` itself (:class:`app.api.request_guards.BodyReadTimeout`); this layer
+slow body with ``408`` itself (:class:`app.api.request_guards.RequestGuards`); this layer
 answers a slow head (the app never saw that request) and closes a connection whose body
 still trickles in after its response.
 
@@ -121,7 +121,7 @@ class BoundedH11Protocol(H11Protocol):
             # Answered already (the route did not read the body), still trickling: close.
             self.transport.close()
         else:
-            # The app is on it (BodyReadTimeout answers 408 at the same bound): close the
+            # The app is on it (RequestGuards answers 408 at the same bound): close the
             # connection once that response is out instead of reading on.
             cycle.keep_alive = False
 
@@ -178,7 +178,8 @@ def server_config(
     h11, not httptools: httptools buffers headers without a limit (a 20 MB header was
     accepted), while h11 refuses a request line plus headers over
     ``TREADLE_MAX_HEADER_BYTES`` with 400 before the app runs. Reads are bounded by
-    :class:`BoundedH11Protocol`.
+    :class:`BoundedH11Protocol`. httptools was measured against these tests and its
+    saving weighed in docs/adr/0035-http-parser.md.
 
     Args:
         app: the ASGI app (``create_app(settings)``).

@@ -10,6 +10,7 @@ from app.auth.api_keys import is_api_key
 from app.auth.dev import DevTokens, dev_secret
 from app.auth.jwt import JwtVerifier
 from app.auth.principal import Principal
+from app.auth.token_cache import TokenCache, Verified
 from app.core.errors import AuthModeRequired, Unauthenticated
 from app.core.settings import AuthMode, Settings
 
@@ -57,14 +58,21 @@ class Authenticator:
     refused by ``tenants`` (403) before anything is written (not even an API key's
     ``last_used_at``).
 
+    A token verified recently is not verified again: :attr:`cache` keeps verifications
+    (never refusals) for ``TREADLE_AUTH_CACHE_TTL_SECONDS`` at most, never past the
+    token's ``exp``, keyed by the token's hash (:mod:`app.auth.token_cache`). The tenant
+    gate and an API key's ``last_used_at`` run on every request, cached or not.
+
     Dev mode outside the embedded SQLite database must be chosen explicitly
     (:meth:`Settings.dev_auth_refusal`).
 
     Args:
-        settings: the auth mode and its parameters.
+        settings: the auth mode and its parameters, and the cache's size and TTL.
         jwt_verifier: override the JWKS verifier (tests).
         api_keys: API key verifier; without one, API keys are refused.
         tenants: the suspended-tenant gate; without one, no tenant is refused.
+        cache: the verified-token cache (shared with whatever revokes API keys in this
+            process); default: a new one sized by settings.
 
     Raises:
         AuthModeRequired: dev mode by default on a database other than SQLite.
@@ -76,6 +84,7 @@ class Authenticator:
         jwt_verifier: JwtVerifier | None = None,
         api_keys: ApiKeyVerifier | None = None,
         tenants: TenantGate | None = None,
+        cache: TokenCache | None = None,
     ) -> None:
         refusal = settings.dev_auth_refusal()
         if refusal is not None:
@@ -85,6 +94,14 @@ class Authenticator:
         self._jwt = jwt_verifier or (JwtVerifier(settings) if self.mode == AuthMode.JWT else None)
         self._api_keys = api_keys
         self._tenants = tenants
+        # `is not None`: an empty cache is falsy (it has a length).
+        self.cache = (
+            cache
+            if cache is not None
+            else TokenCache(
+                size=settings.auth_cache_size, ttl_seconds=settings.auth_cache_ttl_seconds
+            )
+        )
 
     @property
     def jwt_verifier(self) -> JwtVerifier | None:
@@ -117,30 +134,37 @@ class Authenticator:
                 (503): the token may be valid, so this is no 401.
         """
         api_key = is_api_key(token)
-        try:
-            principal = await self._verify(token, api_key=api_key)
-        except Unauthenticated as exc:
-            log.info(
-                "bearer token refused",
-                credential="api_key" if api_key else self.mode.value,
-                reason=exc.detail,
-            )
-            raise Unauthenticated(INVALID_TOKEN) from None
+        # A JWT verified against an older key set of the provider is verified again.
+        keys_version = self._jwt.source.version if self._jwt is not None else None
+        principal = self.cache.get(token, keys_version=keys_version)
+        if principal is None:
+            generation = self.cache.generation
+            try:
+                verified = await self._verify(token, api_key=api_key)
+            except Unauthenticated as exc:
+                log.info(
+                    "bearer token refused",
+                    credential="api_key" if api_key else self.mode.value,
+                    reason=exc.detail,
+                )
+                raise Unauthenticated(INVALID_TOKEN) from None
+            self.cache.put(token, verified, generation=generation)
+            principal = verified.principal
         await self._ensure_active(principal)
         if api_key:
             assert self._api_keys is not None
             await self._api_keys.mark_used(principal)
         return principal
 
-    async def _verify(self, token: str, *, api_key: bool) -> Principal:
+    async def _verify(self, token: str, *, api_key: bool) -> Verified:
         if api_key:
             if self._api_keys is None:
                 raise Unauthenticated("invalid token: API keys are not enabled")
-            return await self._api_keys.verify(token)
+            return Verified(await self._api_keys.verify(token))
         if self._jwt is not None:
-            return await self._jwt.verify(token)
+            return await self._jwt.verified(token)
         assert self._dev is not None
-        return self._dev.verify(token)
+        return self._dev.verified(token)
 
     async def _ensure_active(self, principal: Principal) -> None:
         if self._tenants is not None:

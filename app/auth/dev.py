@@ -18,6 +18,7 @@ from joserfc.errors import JoseError
 from joserfc.jwk import OctKey
 
 from app.auth.principal import Principal, Scope
+from app.auth.token_cache import Verified
 from app.core.errors import Unauthenticated
 from app.core.ids import is_tenant_id
 from app.core.settings import Settings
@@ -109,6 +110,14 @@ class DevTokens:
         Raises:
             Unauthenticated: anything wrong with the token (the detail says what).
         """
+        return self.verified(token).principal
+
+    def verified(self, token: str) -> Verified:
+        """Verify as :meth:`verify` does; also return the token's ``exp`` (Unix seconds).
+
+        Raises:
+            Unauthenticated: anything wrong with the token (the detail says what).
+        """
         try:
             decoded = jwt.decode(token, self._key, algorithms=["HS256"])
             self._claims.validate(decoded.claims)
@@ -123,9 +132,11 @@ class DevTokens:
             Scope(s) for s in str(scope_text).split() if s in Scope._value2member_map_
         )
         groups = claims.get("groups") or []
-        return Principal(
+        principal = Principal(
             tenant_id=tenant,
             subject=str(claims["sub"]),
             scopes=scopes,
             groups=frozenset(str(g) for g in groups) if isinstance(groups, list) else frozenset(),
         )
+        # exp is essential and numeric once validate() passed.
+        return Verified(principal, float(claims["exp"]))

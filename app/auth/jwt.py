@@ -30,6 +30,7 @@ from joserfc.errors import InvalidKeyIdError, JoseError
 from joserfc.jwk import KeySet
 
 from app.auth.principal import Principal, Scope
+from app.auth.token_cache import Verified
 from app.core.errors import IdentityProviderUnavailable, Unauthenticated
 from app.core.ids import is_tenant_id
 from app.core.settings import Settings
@@ -78,6 +79,10 @@ class JwksSource:
         self._interval = settings.jwks_refresh_interval_seconds
         self._retry_interval = min(self._min_interval, _FAILED_RETRY_SECONDS)
         self._keys: KeySet | None = None
+        # Bumped whenever a fetch loads a key set unlike the last one: the authenticator
+        # then stops trusting JWTs it verified against the old set (app/auth/token_cache.py).
+        self.version = 0
+        self._loaded: str | None = None
         self._metadata: dict[str, Any] | None = None
         self._attempted_at = -math.inf  # monotonic end of the last fetch attempt
         self._last_ok = False
@@ -163,8 +168,13 @@ class JwksSource:
 
     async def _fetch(self) -> None:
         try:
-            self._keys = KeySet.import_key_set(await self._read())
+            document = await self._read()
+            self._keys = KeySet.import_key_set(document)
             self._last_ok = True
+            loaded = json.dumps(document, sort_keys=True)
+            if loaded != self._loaded:
+                self._loaded = loaded
+                self.version += 1
         except _FETCH_ERRORS as exc:
             # Keep serving the last good key set; say why in the log only.
             self._last_ok = False
@@ -254,12 +264,26 @@ class JwtVerifier:
                 tenant. The detail says which, for the log; the client never sees it.
             IdentityProviderUnavailable: the keys needed to check it cannot be loaded.
         """
-        decoded = await self.decode(token)
+        return (await self.verified(token)).principal
+
+    async def verified(self, token: str) -> Verified:
+        """Verify ``token`` as :meth:`verify` does; also return its ``exp`` (Unix seconds).
+
+        The authenticator's cache (:mod:`app.auth.token_cache`) keeps the result no
+        longer than that ``exp``.
+
+        Raises:
+            Unauthenticated: as :meth:`verify`.
+            IdentityProviderUnavailable: as :meth:`verify`.
+        """
+        decoded, keys_version = await self._decode(token)
         try:
             self._claims.validate(decoded.claims)
         except (JoseError, ValueError) as exc:
             raise Unauthenticated(f"invalid token: {exc}") from exc
-        return self._principal(decoded.claims)
+        # exp is essential and numeric once validate() passed.
+        claims = decoded.claims
+        return Verified(self._principal(claims), float(claims["exp"]), keys_version)
 
     async def decode(self, token: str) -> jwt.Token:
         """Check ``token``'s form, algorithm and signature; its claims are not checked.
@@ -272,6 +296,11 @@ class JwtVerifier:
             Unauthenticated: malformed, algorithm not allowed, unknown key, bad signature.
             IdentityProviderUnavailable: the keys needed to check it cannot be loaded.
         """
+        return (await self._decode(token))[0]
+
+    async def _decode(self, token: str) -> tuple[jwt.Token, int]:
+        # Also returns the key set's version, read right after the keys with no await
+        # between, so it is the version of the set the signature was checked with.
         try:
             header = jws.extract_compact(token.encode("ascii")).headers()
         except (JoseError, ValueError, UnicodeError) as exc:
@@ -280,12 +309,19 @@ class JwtVerifier:
         if alg not in self.algorithms:
             raise Unauthenticated(f"invalid token: algorithm {alg!r} is not accepted")
         keys = await self.source.keys()
+        version = self.source.version
         try:
             try:
-                return jwt.decode(token, keys, algorithms=self.algorithms, registry=self._registry)
+                decoded = jwt.decode(
+                    token, keys, algorithms=self.algorithms, registry=self._registry
+                )
             except InvalidKeyIdError:
                 keys = await self.source.keys(refresh=True)  # the provider rotated its keys
-                return jwt.decode(token, keys, algorithms=self.algorithms, registry=self._registry)
+                version = self.source.version
+                decoded = jwt.decode(
+                    token, keys, algorithms=self.algorithms, registry=self._registry
+                )
+            return decoded, version
         except (JoseError, ValueError) as exc:
             raise Unauthenticated(f"invalid token: {exc}") from exc
 

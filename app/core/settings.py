@@ -217,6 +217,24 @@ class Settings(BaseSettings):
         "always check at each attempt.",
     )
 
+    auth_cache_size: int = Field(
+        default=10_000,
+        ge=0,
+        le=1_000_000,
+        description="Most verified bearer tokens (JWTs, dev tokens, API keys) an API process "
+        "remembers, keyed by their SHA-256, least recently used evicted first (0: verify every "
+        "request).",
+    )
+    auth_cache_ttl_seconds: float = Field(
+        default=5.0,
+        ge=0,
+        le=300,
+        description="Longest an API process trusts a token it verified before verifying it "
+        "again (0: verify every request); never past the token's `exp`. An API key revoked "
+        "through another process or the CLI is refused by this one within this window; "
+        "revoked through this process, at once.",
+    )
+
     max_payload_bytes: int = Field(
         default=1_048_576, ge=1024, le=64 * 1_048_576, description="Ceiling on one JSON payload."
     )

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 
 from sqlalchemy import RowMapping
@@ -63,10 +63,16 @@ class ApiKeyService:
 
     Args:
         db: the database.
+        on_revoke: called with a key's id once its revocation committed: the API process
+            drops the key from its verified-token cache
+            (:meth:`app.auth.token_cache.TokenCache.forget_api_key`).
     """
 
-    def __init__(self, db: Database) -> None:
+    def __init__(
+        self, db: Database, *, on_revoke: Callable[[uuid.UUID], None] | None = None
+    ) -> None:
         self.db = db
+        self._on_revoke = on_revoke
         self._touched: dict[uuid.UUID, float] = {}
 
     async def create(
@@ -113,7 +119,10 @@ class ApiKeyService:
             return await q.list_keys(conn, tenant_id, include_revoked=include_revoked)
 
     async def revoke(self, *, tenant_id: str, key_id: uuid.UUID, actor: str) -> RowMapping:
-        """Revoke a key at once: later requests with it are 401 and its runs fail.
+        """Revoke a key: later requests with it are 401 and its runs fail.
+
+        At once on this process (``on_revoke``); other API processes stop accepting it
+        within their ``TREADLE_AUTH_CACHE_TTL_SECONDS`` (docs/security.md#token-cache).
 
         Idempotent: revoking a revoked key returns it unchanged.
 
@@ -126,6 +135,8 @@ class ApiKeyService:
             return await q.get_key(conn, tenant_id, key_id)
 
         row = await self.db.write_retrying(revoke, what="revoke API key")
+        if self._on_revoke is not None:
+            self._on_revoke(key_id)
         if row is None:
             raise ApiKeyNotFound(f"API key {key_id} not found", key_id=str(key_id))
         return row
@@ -133,8 +144,9 @@ class ApiKeyService:
     async def verify(self, token: str) -> Principal:
         """Check a presented key: well-formed, known, hash equal, not revoked.
 
-        One indexed read per request, so a revocation takes effect on the next request.
-        Writes nothing: :meth:`mark_used` records the use once the request is let in.
+        One indexed read; the API's authenticator caches the result for at most
+        ``TREADLE_AUTH_CACHE_TTL_SECONDS`` (:mod:`app.auth.token_cache`). Writes
+        nothing: :meth:`mark_used` records the use once the request is let in.
 
         Raises:
             Unauthenticated: anything wrong; the detail says which part for the log

@@ -673,5 +673,9 @@ async def test_revoked_keys_queued_run_fails_authorization(
         assert [d["reason"] for d in letters if d["run_id"] == run_id] == ["failure_authorization"]
         report = c.get(f"/runs/{run_id}/report", params={"format": "text"}).text
         assert "classified" not in report and "failure_authorization" in report
+    # The CLI revoked it (another process): the API refuses it within its verified-token
+    # cache window, TREADLE_AUTH_CACHE_TTL_SECONDS (docs/security.md#token-cache).
     with dev_stack.client(key) as c:
-        assert c.get("/runs").status_code == 401
+        wait_for_sync(
+            lambda: c.get("/runs").status_code == 401, timeout=60, what="revoked key refused"
+        )

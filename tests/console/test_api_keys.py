@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import re
 
+import httpx
+
 from tests.acceptance.conftest import cli
 from tests.console.conftest import ConsoleStack, statuses, tok
+from tests.helpers import wait_for_sync
 
 
 def test_api_key_session_revocation_and_redacted_run(console: ConsoleStack) -> None:
@@ -44,7 +47,18 @@ def test_api_key_session_revocation_and_redacted_run(console: ConsoleStack) -> N
     run = c.wait_status(run_id, "failed")
     assert run["reason"] == "failure_authorization" and run["redacted"] is True
 
-    ended = b.get(f"/ui/runs/{run_id}")
+    # The CLI is another process: the API refuses the key within its verified-token
+    # cache window, TREADLE_AUTH_CACHE_TTL_SECONDS (docs/security.md#token-cache).
+    def refused() -> httpx.Response | None:
+        page = b.get(f"/ui/runs/{run_id}")
+        return page if page.status_code != 200 else None
+
+    ended = wait_for_sync(
+        refused,
+        timeout=60,
+        interval=0.2,
+        what="the session's key refused",
+    )
     assert ended.status_code == 303
     assert ended.headers["location"].startswith("/ui/login?expired=1")
     notice = b.get(ended.headers["location"])

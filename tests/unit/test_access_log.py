@@ -1,7 +1,7 @@
 """The access log middleware: one line per request, route template, no secrets.
 
-A small FastAPI app behind the same two middlewares as the API (``RequestId`` outside
-``AccessLog``), called in-process over httpx's ASGI transport; lines are read with
+A small FastAPI app behind the API's access log middleware (which also carries the request
+id), called in-process over httpx's ASGI transport; lines are read with
 structlog's capture. The end-to-end check over uvicorn is tests/acceptance/test_log_story.py.
 """
 
@@ -18,7 +18,6 @@ from fastapi import FastAPI
 from starlette.types import Receive, Scope, Send
 
 from app.api.access_log import CLIENT_CLOSED, AccessLog
-from app.api.app import RequestId
 
 
 def _app() -> FastAPI:
@@ -37,7 +36,6 @@ def _app() -> FastAPI:
         raise RuntimeError("engine bug")
 
     app.add_middleware(AccessLog)
-    app.add_middleware(RequestId)
     return app
 
 
@@ -99,3 +97,39 @@ async def test_a_request_cancelled_before_answering_is_logged_as_client_closed()
     assert [(line["route"], line["status"], line["client"]) for line in logs] == [
         ("unmatched", CLIENT_CLOSED, None)
     ]
+
+
+async def test_the_request_id_is_echoed_or_minted_on_the_response() -> None:
+    transport = httpx.ASGITransport(app=_app())
+    async with httpx.AsyncClient(transport=transport, base_url="http://t") as client:
+        echoed = await client.get("/items/a", headers={"X-Request-ID": "r-9"})
+        minted = await client.get("/items/a")
+        injected = await client.get("/items/a", headers={"X-Request-ID": "x" * 500})
+    assert echoed.headers["x-request-id"] == "r-9"
+    assert len(minted.headers["x-request-id"]) == 32
+    assert len(injected.headers["x-request-id"]) == 32  # too long: not echoed
+    assert echoed.headers.get_list("x-request-id") == ["r-9"]
+
+
+def test_the_api_has_two_middleware_layers_of_its_own() -> None:
+    """Access log (with the request id) outside the request guards, then the console's.
+
+    docs/adr/0035-http-parser.md: each layer wraps receive or send once more per message.
+    The console's header layer passes anything outside ``/ui`` straight through.
+    """
+    from app.api.app import create_app
+    from app.api.request_guards import RequestGuards
+    from app.api.trace_requests import TraceRequests
+    from app.console.headers import ConsoleHeaders
+    from app.core import tracing
+    from app.core.settings import Settings
+
+    app = create_app(
+        Settings(database_url="sqlite+aiosqlite:///:memory:", dev_secret="x" * 32),
+        check_schema_on_start=False,
+    )
+    expected: list[object] = [AccessLog, RequestGuards, ConsoleHeaders]
+    if tracing.ENABLED:
+        expected.insert(0, TraceRequests)
+    layers: list[object] = [m.cls for m in app.user_middleware]
+    assert layers == expected
