@@ -14,7 +14,6 @@ from pydantic import BaseModel
 from app.core import json
 from app.core.event_match import MatchError, check_match
 from app.core.labels import MAX_LABELS, key_problem, value_problem
-from app.db.queries import run_labels as labels_q
 from app.engine import events, waits
 from app.engine.outcomes import COMPENSATION_SEQ_BASE, Compensation, step_name
 from app.sdk.context import ApprovalDecision, WorkflowContext
@@ -48,7 +47,7 @@ class ReplayContext(WorkflowContext):
         self._patches: dict[str, bool] = {}
         # The run's labels as this execution knows them: the row's at claim, plus each
         # set_label reached (journaled or new). Only the run's own workflow changes them.
-        self._labels = labels_q.decode(execution.run.get("labels"))
+        self._labels = execution.journal.labels_at_claim()
         # ctx.logger knows replays by the journal position workflow code has reached.
         self.logger = execution.logbook
         execution.logbook.follow(lambda: self._seq)

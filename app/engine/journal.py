@@ -126,6 +126,10 @@ class RunJournal:
         self._logbook = logbook
         self._emitter = emitter
 
+    def labels_at_claim(self) -> dict[str, str]:
+        """The run's labels as the claim read them (``runs.labels``, decoded)."""
+        return labels_q.decode(self.run.get("labels"))
+
     def mark_patch(self, step_id: str, seq: int, change_id: str) -> None:
         """Journal a ``ctx.patched`` marker with the run's next write (before any later step)."""
         self._markers.append((step_id, seq, change_id))
