@@ -16,7 +16,8 @@ nothing else to change) the method hands both forms to
 does. Every write verifies the fence first (or carries ``fence = :fence``): a moved fence
 raises ``LeaseLost`` and writes nothing. Step writes turn a transient database fault into
 ``CheckpointFault`` so it never reaches workflow code (the worker gives the run back).
-See docs/adr/0004-fencing.md and docs/architecture.md ("Where a run's state is written").
+See docs/adr/0038-one-writer-of-leased-run-state.md, docs/adr/0004-fencing.md and
+docs/architecture.md ("Where a run's state is written").
 """
 
 from __future__ import annotations
@@ -134,15 +135,6 @@ class RunJournal:
         """Journal a ``ctx.patched`` marker with the run's next write (before any later step)."""
         self._markers.append((step_id, seq, change_id))
 
-    @property
-    def riders_pending(self) -> bool:
-        """Log lines, emits or markers wait for a write (the execution's last one flushes)."""
-        return bool(
-            self._markers
-            or (self._logbook is not None and self._logbook.pending)
-            or (self._emitter is not None and self._emitter.pending)
-        )
-
     # --- the primitive ------------------------------------------------------------------
 
     async def write(
@@ -239,14 +231,18 @@ class RunJournal:
         await self._faults_as_checkpoint(self.db.write_retrying(append, what="emit"))
 
     async def flush(self) -> None:
-        """Append what still rides (lines, emits, markers): the execution's last write.
+        """Append the lines and emits still waiting: the execution's last write.
 
         Step emits first, waiting for a batch the emitter's writer has in flight, so
         closing the emitter afterwards cancels no write.
         """
         if self._emitter is not None:
             await self._emitter.flush_steps()
-        if self.riders_pending:
+        # Only lines and emits: a marker left pending here decided nothing journaled after
+        # it, and is not written on its own (as before the journal had one owner).
+        if (self._logbook is not None and self._logbook.pending) or (
+            self._emitter is not None and self._emitter.pending
+        ):
 
             async def nothing_else(conn: AsyncConnection) -> None:
                 del conn  # the riders are the write
