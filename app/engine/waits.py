@@ -111,7 +111,7 @@ async def timer(
     if entry is None:
         deadline = until if until is not None else ex.db_now() + timedelta(seconds=seconds or 0)
 
-        await ex.journal.start_wait(
+        await ex.journal.waits.start_wait(
             step_id=step_id, seq=seq, kind="timer", name="sleep", deadline=deadline
         )
     else:
@@ -123,7 +123,7 @@ async def timer(
         async with ex.idle():  # a short timer does not hold another branch's release
             await asyncio.sleep(remaining)
 
-    await ex.journal.fire_timer(step_id=step_id, deadline=deadline)
+    await ex.journal.waits.fire_timer(step_id=step_id, deadline=deadline)
 
 
 async def open_wait(
@@ -167,7 +167,7 @@ async def signal(
     if entry is not None and entry["status"] == StepStatus.SUCCEEDED:
         return json.loads(entry["output"])
     deadline = await open_wait(ex, step_id=step_id, kind="signal", entry=entry, timeout=timeout)
-    taken = await ex.journal.take_signal(
+    taken = await ex.journal.waits.take_signal(
         step_id=step_id,
         seq=seq,
         name=name,
@@ -186,7 +186,7 @@ async def signal(
             RunStatus.WAITING_SIGNAL,
             "signal",
             name,
-            ex.journal.signal_arrived(name),
+            ex.journal.waits.signal_arrived(name),
         )
     )
 
@@ -260,7 +260,7 @@ async def _await_decision(
     def decide(rows: list[RowMapping]) -> ApprovalDecision | None:
         return resolve_decisions(rows, needed)
 
-    taken = await ex.journal.resolve_approval(
+    taken = await ex.journal.waits.resolve_approval(
         step_id=step_id,
         seq=seq,
         name=step_id.split("#")[0],  # the approval's name, as ctx.approval passes it
@@ -276,7 +276,7 @@ async def _await_decision(
         assert deadline is not None
         raise WaitTimedOut(step_id, "approval", deadline.isoformat())
 
-    decided = ex.journal.decision_made(step_id, decide)
+    decided = ex.journal.waits.decision_made(step_id, decide)
     remaining = _remaining(ex, deadline)
     await ex.suspend(
         PendingWait(
@@ -307,7 +307,9 @@ async def value(
     produced = produce()
     text = json.dumps(produced)
 
-    await ex.journal.record_value(step_id=step_id, seq=seq, name=step_id.split("#")[0], output=text)
+    await ex.journal.waits.record_value(
+        step_id=step_id, seq=seq, name=step_id.split("#")[0], output=text
+    )
     return decode(json.loads(text))
 
 
@@ -322,7 +324,7 @@ async def label(
         return
     ex.cancel_point()
 
-    await ex.journal.record_label(step_id=step_id, seq=seq, key=key, value=value)
+    await ex.journal.waits.record_label(step_id=step_id, seq=seq, key=key, value=value)
 
 
 async def child(
@@ -401,7 +403,7 @@ async def child(
             )
             return row
 
-        child_id = await ex.journal.create_child(
+        child_id = await ex.journal.waits.create_child(
             step_id=step_id,
             seq=seq,
             workflow=workflow,
@@ -417,11 +419,11 @@ async def child(
 
 
 async def _join_child(ex: RunExecution, *, step_id: str, child_id: uuid.UUID) -> Any:
-    taken = await ex.journal.settle_child(step_id=step_id, child_id=child_id)
+    taken = await ex.journal.waits.settle_child(step_id=step_id, child_id=child_id)
     if taken.found:
         return json.loads(taken.value)
     if taken.failed is not None:
         reason, message = taken.failed
         raise StepFailed(step_id, reason, "ChildFailed", message, 1)
-    finished = ex.journal.child_finished(child_id)
+    finished = ex.journal.waits.child_finished(child_id)
     await ex.suspend(PendingWait(None, RunStatus.WAITING_CHILD, "child", str(child_id), finished))
