@@ -14,7 +14,6 @@ from pydantic import BaseModel
 from app.core import json
 from app.core.event_match import MatchError, check_match
 from app.core.labels import MAX_LABELS, key_problem, value_problem
-from app.db.queries import run_labels as labels_q
 from app.engine import events, waits
 from app.engine.outcomes import COMPENSATION_SEQ_BASE, Compensation, step_name
 from app.sdk.context import ApprovalDecision, WorkflowContext
@@ -48,7 +47,7 @@ class ReplayContext(WorkflowContext):
         self._patches: dict[str, bool] = {}
         # The run's labels as this execution knows them: the row's at claim, plus each
         # set_label reached (journaled or new). Only the run's own workflow changes them.
-        self._labels = labels_q.decode(execution.run.get("labels"))
+        self._labels = execution.journal.labels_at_claim()
         # ctx.logger knows replays by the journal position workflow code has reached.
         self.logger = execution.logbook
         execution.logbook.follow(lambda: self._seq)
@@ -60,8 +59,8 @@ class ReplayContext(WorkflowContext):
         count = self._names.get(base, 0) + 1
         self._names[base] = count
         step_id = base if count == 1 else f"{base}#{count}"
-        entry = self._exec.journal.get(step_id)
-        at_seq = self._exec.journal_by_seq.get(seq)
+        entry = self._exec.entries.get(step_id)
+        at_seq = self._exec.entries_by_seq.get(seq)
         mismatch: str | None = None
         if at_seq is not None and at_seq["step_id"] != step_id:
             mismatch = (
@@ -170,7 +169,7 @@ class ReplayContext(WorkflowContext):
         """Journal and run one registered compensation (``<step_id>__compensate``)."""
         step_id = f"{comp.step_id}__compensate"
         seq = COMPENSATION_SEQ_BASE + comp.seq
-        entry = self._exec.journal.get(step_id)
+        entry = self._exec.entries.get(step_id)
         return self._exec.run_step(
             step_id=step_id,
             seq=seq,
@@ -369,8 +368,8 @@ class ReplayContext(WorkflowContext):
         if known is not None:
             return known
         step_id = f"patch:{change_id}"
-        at_seq = self._exec.journal_by_seq.get(self._seq)
-        entry = self._exec.journal.get(step_id)
+        at_seq = self._exec.entries_by_seq.get(self._seq)
+        entry = self._exec.entries.get(step_id)
         if entry is not None and int(entry["seq"]) != self._seq:
             err = NondeterminismError(
                 f"ctx.patched({change_id!r}) moved: the journal recorded it at position "
@@ -382,12 +381,12 @@ class ReplayContext(WorkflowContext):
             decision = True
             self._seq += 1
         elif at_seq is not None or any(
-            self._seq < seq < COMPENSATION_SEQ_BASE for seq in self._exec.journal_by_seq
+            self._seq < seq < COMPENSATION_SEQ_BASE for seq in self._exec.entries_by_seq
         ):
             decision = False
         else:
             decision = True
-            self._exec.pending_markers.append((step_id, self._seq, change_id))
+            self._exec.journal.mark_patch(step_id, self._seq, change_id)
             self._seq += 1
         self._patches[change_id] = decision
         return decision
@@ -397,7 +396,7 @@ class ReplayContext(WorkflowContext):
         _check_change_id(change_id)
         if change_id in self._patches:
             return
-        at_seq = self._exec.journal_by_seq.get(self._seq)
+        at_seq = self._exec.entries_by_seq.get(self._seq)
         if at_seq is not None and at_seq["step_id"] == f"patch:{change_id}":
             self._seq += 1  # a run that journaled the marker: keep its positions aligned
         self._patches[change_id] = True

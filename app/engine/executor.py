@@ -23,23 +23,19 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any, TypeVar
 
+import structlog
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json, metrics, tracing
-from app.core.errors import CeilingExceeded, CheckpointFault, InvalidInput, PayloadTooLarge
+from app.core.errors import CeilingExceeded, InvalidInput, PayloadTooLarge
 from app.core.settings import Settings
-from app.core.status import EventKind, RunReason, RunStatus, StepStatus
+from app.core.status import RunReason, RunStatus, StepStatus
 from app.db.database import Database
-from app.db.faults import classify, retry_conflicts
-from app.db.queries import checkpoints as checkpoints_q
-from app.db.queries import events as events_q
-from app.db.queries import run_logs as run_logs_q
-from app.db.queries import runs as runs_q
-from app.db.queries import steps as steps_q
 from app.engine import story_log, transactions
 from app.engine.emitter import RunEmitter
+from app.engine.journal import RunJournal, load_entries
 from app.engine.logbook import RunLogBook
 from app.engine.outcomes import (
     COMPENSATION_SEQ_BASE,
@@ -52,9 +48,11 @@ from app.engine.outcomes import (
     Suspended,
     describe_errors_for,
     error_info,
+    outcome_summary,
     step_name,
 )
 from app.engine.submit import Submitter
+from app.engine.tenants import attempt_refusal
 from app.sdk.context import StepInfo, WorkflowContext, _current_step
 from app.sdk.errors import NondeterminismError, Permanent, StepFailed
 from app.sdk.retry import RetryPolicy
@@ -64,6 +62,8 @@ if TYPE_CHECKING:
     from app.engine.context import ReplayContext
 
 T = TypeVar("T")
+
+log = structlog.get_logger("treadle.worker")
 
 
 _DONE = (
@@ -105,8 +105,10 @@ class RunExecution:
         run: the claimed ``runs`` row (its ``fence`` is ours; ``updated_at`` is the DB
             clock at claim time).
         definition: the pinned workflow definition.
-        journal: the run's ``steps`` rows.
+        journal: the run's ``steps`` rows (kept as :attr:`entries`).
         worker_id: for step info and logs.
+
+    Every write goes through :attr:`journal` (:class:`app.engine.journal.RunJournal`).
     """
 
     def __init__(
@@ -128,10 +130,12 @@ class RunExecution:
         self.definition = definition
         self.worker_id = worker_id
         self.submitter = submitter or Submitter(db, settings)
-        self.journal: dict[str, RowMapping] = {r["step_id"]: r for r in journal}
-        self.journal_by_seq: dict[int, RowMapping] = {int(r["seq"]): r for r in journal}
+        self.entries: dict[str, RowMapping] = {r["step_id"]: r for r in journal}
+        self.entries_by_seq: dict[int, RowMapping] = {int(r["seq"]): r for r in journal}
         self._db_now_at_claim: datetime = run["updated_at"]
         self._mono_at_claim = time.monotonic()
+        # The one writer of this run's state under our fence.
+        self.journal = RunJournal(db, settings, run, worker_id, clock=self.db_now)
         self._active = 0
         self._suspends: list[PendingWait] = []
         self._ready = asyncio.Event()
@@ -158,15 +162,10 @@ class RunExecution:
         self._registered: list[tuple[Compensation, Any]] = []
         # Attempts of each step interrupted by a lost worker (not counted as failures).
         self._lost: dict[str, int] = {}
-        # ctx.patched markers decided this execution, journaled by the next write.
-        self.pending_markers: list[tuple[str, int, str]] = []
         # Timeline rows when this execution began (resumed runs only): events ceiling.
         self.events_at_claim = 0
-        # PostgreSQL: a plain step's checkpoints are one statement each, in autocommit
-        # (app/db/queries/checkpoints.py); SQLite keeps fenced multi-statement writes.
-        self.single_statement_checkpoints = self.db.dialect == "postgresql"
         # ctx.logger: lines wait here for the next fenced write (docs/adr/0027-run-logs.md).
-        body_seqs = [s for s in self.journal_by_seq if s < COMPENSATION_SEQ_BASE]
+        body_seqs = [s for s in self.entries_by_seq if s < COMPENSATION_SEQ_BASE]
         self.logbook = RunLogBook(
             run_id=self.run_id,
             workflow=definition.name,
@@ -184,126 +183,21 @@ class RunExecution:
             clock=self.db_now,
             max_bytes=settings.emit_max_bytes,
             max_per_run=settings.emit_max_per_run,
-            write_steps=self._write_emits,
+            write_steps=self.journal.append_step_emits,
         )
+        self.journal.attach(self.logbook, self.emitter)
 
     def db_now(self) -> datetime:
         """The database clock, estimated from the claim time plus local monotonic time."""
         return self._db_now_at_claim + timedelta(seconds=time.monotonic() - self._mono_at_claim)
 
-    async def write(
-        self,
-        fn: Callable[[AsyncConnection], Awaitable[None]],
-        *,
-        single: Callable[[AsyncConnection], Awaitable[None]] | None = None,
-    ) -> None:
-        """Run ``fn`` in a write transaction that first verifies our fence.
+    async def write(self, fn: Callable[[AsyncConnection], Awaitable[None]]) -> None:
+        """A fenced write of statements kept beside their own concept (app/engine/events.py).
 
-        ``single``, when given, is the same checkpoint as ONE self-fencing statement
-        (app/db/queries/checkpoints.py): on PostgreSQL, with no ``ctx.patched`` marker
-        pending, it runs instead of ``fn`` on an autocommit connection, one round trip
-        instead of five. It must raise ``LeaseLost`` itself when the fence moved.
-
-        Every checkpoint goes through here. A deadlock, serialization failure or SQLite
-        lock re-runs the whole transaction (``TREADLE_DB_RETRY_ATTEMPTS``), so ``fn``
-        must keep no state outside the database between calls (or reset it first).
-
-        Raises:
-            LeaseLost: the fence moved; nothing was written.
-            CheckpointFault: a transient database fault (unreachable, pool or statement
-                timeout, conflicts past the retries); nothing was written and the worker
-                gives the run back instead of letting the fault reach workflow code.
+        Delegates to :meth:`app.engine.journal.RunJournal.write`, which documents the
+        fence, the riders and the errors (``LeaseLost``, ``CheckpointFault``).
         """
-        # Step emits made so far first (their own fenced write): a step's emits precede
-        # its result, and an emit from a parallel branch is not held behind a checkpoint.
-        await self.emitter.flush_steps()
-        markers = list(self.pending_markers)
-        # Lines logged so far commit with this write, after its fence check: a lost lease
-        # appends none, and a line logged before a journaled point is kept when it is.
-        # Workflow emits likewise.
-        lines, overflow = self.logbook.take()
-        emits = self.emitter.take_workflow()
-
-        async def checkpoint(conn: AsyncConnection) -> None:
-            await runs_q.check_fence(conn, self.run_id, self.fence)
-            await events_q.append_emits(
-                conn, run_id=self.run_id, tenant_id=self.tenant_id, emits=emits
-            )
-            if lines or overflow:
-                await run_logs_q.append(
-                    conn,
-                    run_id=self.run_id,
-                    tenant_id=self.tenant_id,
-                    lines=lines,
-                    max_lines=self.settings.run_log_max_lines,
-                    also_dropped=overflow,
-                )
-            # ctx.patched markers go first, in the same transaction: no later step can
-            # be journaled without the marker that decided its path.
-            for step_id, seq, change_id in markers:
-                await steps_q.insert_step(
-                    conn,
-                    run_id=self.run_id,
-                    tenant_id=self.tenant_id,
-                    step_id=step_id,
-                    seq=seq,
-                    kind="patch",
-                    name=change_id,
-                    status=StepStatus.SUCCEEDED,
-                    fence=self.fence,
-                    output="true",
-                )
-            await fn(conn)
-
-        async def alone() -> None:
-            assert single is not None
-            async with self.db.autocommit() as conn:
-                await single(conn)
-
-        try:
-            if (
-                single is not None
-                and self.single_statement_checkpoints
-                and not (markers or lines or overflow or emits)
-            ):
-                attempts = self.settings.db_retry_attempts
-                await retry_conflicts(alone, attempts=attempts, what="checkpoint")
-            else:
-                await self.db.write_retrying(checkpoint, what="checkpoint")
-        except Exception as exc:
-            fault = classify(exc)
-            if fault is None:
-                raise
-            raise CheckpointFault(self.run_id, fault.value) from exc
-        del self.pending_markers[: len(markers)]
-
-    async def _write_emits(self, emits: list[events_q.Emit]) -> None:
-        """Append a batch of step emits in a fenced transaction of its own (see write)."""
-
-        async def append(conn: AsyncConnection) -> None:
-            await runs_q.check_fence(conn, self.run_id, self.fence)
-            await events_q.append_emits(
-                conn, run_id=self.run_id, tenant_id=self.tenant_id, emits=emits
-            )
-
-        try:
-            await self.db.write_retrying(append, what="emit")
-        except Exception as exc:
-            fault = classify(exc)
-            if fault is None:
-                raise
-            raise CheckpointFault(self.run_id, fault.value) from exc
-
-    async def _flush_logs(self) -> None:
-        # Step emits first, waiting for a batch the writer task has in flight (it holds
-        # the flush lock), so closing the emitter afterwards cancels no write.
-        await self.emitter.flush_steps()
-        if self.logbook.pending or self.emitter.pending:
-
-            async def nothing_else(conn: AsyncConnection) -> None:
-                del conn  # the lines are the write (see write)
-
-            await self.write(nothing_else)
+        await self.journal.write(fn)
 
     async def execute(self) -> Outcome:
         """Replay and advance the run until it completes, fails or must wait.
@@ -314,12 +208,12 @@ class RunExecution:
         Raises:
             LeaseLost: a checkpoint found the fence moved; the caller abandons the run.
             CheckpointFault: a checkpoint met a transient database fault; the caller
-                gives the run back (see :meth:`write`).
+                gives the run back (:meth:`app.engine.journal.RunJournal.write`).
         """
         describe_errors_for(str(self.run_id), self.definition.name, self.settings.error_tracebacks)
         try:
             outcome = await self._advance()
-            await self._flush_logs()
+            await self.journal.flush()
         finally:
             await self.emitter.close()
         return outcome
@@ -341,12 +235,11 @@ class RunExecution:
                 },
             )
         kept_emits = 0
-        if self.journal:
+        if self.entries:
             # A resumed run: count its timeline once per claim for the events ceiling and
             # the emits ceiling (one index range scan). Fresh runs have a single event
             # and skip the query.
-            async with self.db.read() as conn:
-                self.events_at_claim, kept_emits = await events_q.counts_for_run(conn, self.run_id)
+            self.events_at_claim, kept_emits = await self.journal.timeline_counts()
         self.emitter.start(kept_emits)
         from app.engine.context import ReplayContext
 
@@ -421,17 +314,9 @@ class RunExecution:
         """
         if self.cancelling or self.compensating:
             return
-        try:
-            async with self.db.read_statement() as conn:
-                paused = await runs_q.is_paused(conn, self.run_id)
-        except Exception as exc:
-            # A transient fault here is the checkpoint's: the worker gives the run back
-            # (see :meth:`write`); it must never reach workflow code as its failure.
-            fault = classify(exc)
-            if fault is None:
-                raise
-            raise CheckpointFault(self.run_id, fault.value) from exc
-        if paused:
+        # A transient fault here is the checkpoint's (CheckpointFault): the worker gives
+        # the run back; it must never reach workflow code as its failure.
+        if await self.journal.is_paused():
             await self.suspend(PendingWait(0.0, RunStatus.QUEUED, "pause", "pause"))
 
     def _cause_being_undone(self, body: asyncio.Task[Any]) -> Failed:
@@ -515,18 +400,7 @@ class RunExecution:
             return cause
         status = RunStatus.CANCELLING if cause is None else RunStatus.COMPENSATING
         if cause is not None:
-            error = None if cause.error is None else json.dumps(cause.error)
-
-            async def mark(conn: AsyncConnection) -> None:
-                await runs_q.begin_compensation(
-                    conn,
-                    run_id=self.run_id,
-                    fence=self.fence,
-                    reason=cause.reason.value,
-                    error=error,
-                )
-
-            await self.write(mark)
+            await self.journal.begin_compensation(reason=cause.reason, error=cause.error)
         # Waits the body asked for no longer matter: only the undo's own waits release.
         self._suspends.clear()
         self._ready.clear()
@@ -541,13 +415,7 @@ class RunExecution:
             except StepFailed as exc:
                 failures.append({"step_id": comp.step_id, "error": exc.message})
                 outcome = StepStatus.COMPENSATION_FAILED
-
-            async def record(
-                conn: AsyncConnection, sid: str = comp.step_id, st: StepStatus = outcome
-            ) -> None:
-                await steps_q.set_status(conn, run_id=self.run_id, step_id=sid, status=st)
-
-            await self.write(record)
+            await self.journal.compensation_done(step_id=comp.step_id, status=outcome)
         compensated = [c.step_id for c, _ in registered]
         if failures:
             base = cause.error if cause is not None and cause.error else {}
@@ -752,7 +620,7 @@ class RunExecution:
                         "message": f"{lost} attempts were interrupted by a lost worker "
                         f"(TREADLE_MAX_LOST_ATTEMPTS={self.settings.max_lost_attempts})",
                     }
-                    await self._finish_step_failed(
+                    await self.give_up(
                         step_id,
                         StepStatus.FAILED,
                         RunReason.FAILURE_ATTEMPTS_EXHAUSTED,
@@ -840,34 +708,15 @@ class RunExecution:
                 kind=kind,
             )
 
-        async def start(conn: AsyncConnection) -> None:
-            await self.record_attempt_start(
-                conn,
-                step_id=step_id,
-                seq=seq,
-                kind=kind,
-                name=name,
-                attempt=attempt,
-                max_attempts=retry.max_attempts,
-                detail=detail,
-            )
-
-        async def start_alone(conn: AsyncConnection) -> None:
-            await checkpoints_q.start_attempt(
-                conn,
-                run_id=self.run_id,
-                fence=self.fence,
-                step_id=step_id,
-                seq=seq,
-                kind=kind,
-                name=name,
-                attempt=attempt,
-                max_attempts=retry.max_attempts,
-                detail=detail,
-                event_data=json.dumps({"attempt": attempt, "worker_id": self.worker_id}),
-            )
-
-        await self.write(start, single=start_alone)
+        await self.journal.start_attempt(
+            step_id=step_id,
+            seq=seq,
+            kind=kind,
+            name=name,
+            attempt=attempt,
+            max_attempts=retry.max_attempts,
+            detail=detail,
+        )
         info = StepInfo(
             run_id=self.run_id,
             step_id=step_id,
@@ -890,7 +739,7 @@ class RunExecution:
                 kind=kind,
             )
         except Permanent as exc:
-            await self._finish_step_failed(
+            await self.give_up(
                 step_id,
                 StepStatus.FAILED,
                 RunReason.FAILURE_NON_RETRYABLE,
@@ -898,9 +747,9 @@ class RunExecution:
                 attempt,
             )
         except TimeoutError as exc:
-            return await self._after_error(step_id, retry, attempt, exc, timed_out=timeout)
+            return await self.after_error(step_id, retry, attempt, exc, timed_out=timeout)
         except Exception as exc:  # noqa: BLE001 - any other error is retryable by contract
-            return await self._after_error(step_id, retry, attempt, exc, timed_out=None)
+            return await self.after_error(step_id, retry, attempt, exc, timed_out=None)
         finally:
             _current_step.reset(token)
 
@@ -910,7 +759,7 @@ class RunExecution:
             payload = adapter.dump_python(adapter.validate_python(value), mode="json")
             text = json.dumps_limited(payload, self.settings.max_payload_bytes, "step output")
         except (PayloadTooLarge, InvalidInput, ValueError, TypeError) as exc:
-            await self._finish_step_failed(
+            await self.give_up(
                 step_id,
                 StepStatus.FAILED,
                 RunReason.FAILURE_NON_RETRYABLE,
@@ -918,88 +767,11 @@ class RunExecution:
                 attempt,
             )
 
-        async def succeed(conn: AsyncConnection) -> None:
-            await self.record_attempt_success(conn, step_id=step_id, attempt=attempt, output=text)
-
-        async def succeed_alone(conn: AsyncConnection) -> None:
-            await checkpoints_q.record_success(
-                conn,
-                run_id=self.run_id,
-                fence=self.fence,
-                step_id=step_id,
-                output=text,
-                event_data=json.dumps({"attempt": attempt}),
-            )
-
-        await self.write(succeed, single=succeed_alone)
+        await self.journal.record_success(step_id=step_id, attempt=attempt, output=text)
         # Return what a replay would return, so both paths behave identically.
         return adapter.validate_python(json.loads(text))
 
-    async def record_attempt_start(
-        self,
-        conn: AsyncConnection,
-        *,
-        step_id: str,
-        seq: int,
-        kind: str,
-        name: str,
-        attempt: int,
-        max_attempts: int,
-        detail: str | None,
-    ) -> None:
-        """Journal that attempt ``attempt`` of a step starts now, and its timeline event.
-
-        Call inside a fenced write (after the fence check, in the same transaction): the
-        start record is what lets an attempt cut short by a lost worker be recognised.
-        """
-        await steps_q.start_attempt(
-            conn,
-            run_id=self.run_id,
-            tenant_id=self.tenant_id,
-            step_id=step_id,
-            seq=seq,
-            detail=detail,
-            kind=kind,
-            name=name,
-            attempt=attempt,
-            max_attempts=max_attempts,
-            fence=self.fence,
-        )
-        await events_q.append(
-            conn,
-            run_id=self.run_id,
-            tenant_id=self.tenant_id,
-            kind=EventKind.STEP_STARTED,
-            step_id=step_id,
-            data={"attempt": attempt, "worker_id": self.worker_id},
-        )
-
-    async def record_attempt_success(
-        self, conn: AsyncConnection, *, step_id: str, attempt: int, output: str
-    ) -> None:
-        """Journal a step's result (``output``: encoded JSON text) and its timeline event.
-
-        Call inside a fenced write, like :meth:`record_attempt_start`.
-        """
-        await steps_q.finish_attempt(
-            conn,
-            run_id=self.run_id,
-            step_id=step_id,
-            status=StepStatus.SUCCEEDED,
-            output=output,
-            error=None,
-            fence=self.fence,
-        )
-        await events_q.append(
-            conn,
-            run_id=self.run_id,
-            tenant_id=self.tenant_id,
-            kind=EventKind.STEP_SUCCEEDED,
-            step_id=step_id,
-            data={"attempt": attempt},
-        )
-
-    async def _after_error(
+    async def after_error(
         self,
         step_id: str,
         retry: RetryPolicy,
@@ -1008,6 +780,16 @@ class RunExecution:
         *,
         timed_out: float | None,
     ) -> _Retry:
+        """After a failed attempt: give up (:meth:`give_up`) or journal the retry's schedule.
+
+        ``timed_out`` is the step's timeout in seconds when the attempt exceeded it.
+
+        Returns:
+            The retry marker with its delay in seconds.
+
+        Raises:
+            StepFailed: the policy refuses the error, or the attempts are used up.
+        """
         info = error_info(exc)
         if timed_out is not None:
             info["type"] = "StepTimeout"
@@ -1017,52 +799,29 @@ class RunExecution:
         refused = None if timed_out is not None else retry.refusal(exc)
         if refused is not None:
             info["not_retried"] = refused
-            await self._finish_step_failed(
+            await self.give_up(
                 step_id, StepStatus.FAILED, RunReason.FAILURE_NON_RETRYABLE, info, attempt
             )
         if attempt >= self.settings.max_attempts_per_step:
             await self._attempts_ceiling(step_id, attempt, info)
         if attempt - self._lost.get(step_id, 0) >= retry.max_attempts:
             if timed_out is not None:
-                await self._finish_step_failed(
+                await self.give_up(
                     step_id, StepStatus.TIMED_OUT, RunReason.FAILURE_TIMED_OUT, info, attempt
                 )
-            await self._finish_step_failed(
+            await self.give_up(
                 step_id, StepStatus.FAILED, RunReason.FAILURE_ATTEMPTS_EXHAUSTED, info, attempt
             )
         delay = retry.delay_after(attempt, f"{self.run_id}:{step_id}")
         info["retry_in_seconds"] = delay
 
-        async def schedule(conn: AsyncConnection) -> None:
-            await steps_q.finish_attempt(
-                conn,
-                run_id=self.run_id,
-                step_id=step_id,
-                status=StepStatus.RETRY_WAIT,
-                output=None,
-                error=json.dumps(info),
-                fence=self.fence,
-                retry_in=delay,
-            )
-            await events_q.append(
-                conn,
-                run_id=self.run_id,
-                tenant_id=self.tenant_id,
-                kind=(
-                    EventKind.STEP_TIMED_OUT
-                    if timed_out is not None
-                    else EventKind.STEP_RETRY_SCHEDULED
-                ),
-                step_id=step_id,
-                data={
-                    "attempt": attempt,
-                    "error_type": info["type"],
-                    "message": info["message"][:500],
-                    "retry_in_seconds": delay,
-                },
-            )
-
-        await self.write(schedule)
+        await self.journal.schedule_retry(
+            step_id=step_id,
+            attempt=attempt,
+            info=info,
+            delay=delay,
+            timed_out=timed_out is not None,
+        )
         story_log.retry_scheduled(attempt, delay, self.db_now() + timedelta(seconds=delay), info)
         return _Retry(delay)
 
@@ -1079,7 +838,7 @@ class RunExecution:
         }
         if last_error is not None:
             info["last_error"] = last_error
-        await self._finish_step_failed(
+        await self.give_up(
             step_id, StepStatus.FAILED, RunReason.FAILURE_ATTEMPTS_EXHAUSTED, info, attempt
         )
 
@@ -1119,7 +878,7 @@ class RunExecution:
                 events_limit,
             )
 
-    async def _finish_step_failed(
+    async def give_up(
         self,
         step_id: str,
         status: StepStatus,
@@ -1127,36 +886,71 @@ class RunExecution:
         info: dict[str, Any],
         attempt: int,
     ) -> typing.NoReturn:
+        """Journal that a step gave up with ``status`` and ``reason``, then raise it.
+
+        Raises:
+            StepFailed: always, once the failure is journaled.
+        """
         info = {**info, "reason": reason.value, "attempts": attempt}
 
-        async def fail(conn: AsyncConnection) -> None:
-            await steps_q.finish_attempt(
-                conn,
-                run_id=self.run_id,
-                step_id=step_id,
-                status=status,
-                output=None,
-                error=json.dumps(info),
-                fence=self.fence,
-            )
-            await events_q.append(
-                conn,
-                run_id=self.run_id,
-                tenant_id=self.tenant_id,
-                kind=EventKind.STEP_FAILED,
-                step_id=step_id,
-                data={
-                    "attempt": attempt,
-                    "reason": reason.value,
-                    "error_type": info["type"],
-                    "message": str(info["message"])[:500],
-                },
-            )
-
-        await self.write(fail)
+        await self.journal.fail_step(
+            step_id=step_id, status=status, reason=reason, info=info, attempt=attempt
+        )
         raise StepFailed(step_id, reason.value, str(info["type"]), str(info["message"]), attempt)
 
 
 @dataclass(frozen=True, slots=True)
 class _Retry:
     delay: float
+
+
+async def execute_claim(
+    db: Database,
+    settings: Settings,
+    row: RowMapping,
+    definition: WorkflowDefinition[Any, Any],
+    worker_id: str,
+    submitter: Submitter,
+    *,
+    settling: Callable[[], None] = lambda: None,
+) -> Outcome:
+    """Execute one claimed run and persist its outcome: the engine's half of a claim.
+
+    The attempt is re-checked first (who the run acts for: tenant active, API key not
+    revoked; the claim statement read both): a refused attempt fails the run without
+    executing it. Otherwise the journal is loaded (only for a run that has one), the
+    body replayed and advanced, and the outcome written by
+    :meth:`app.engine.journal.RunJournal.settle`. ``settling()`` is called once the
+    outcome is decided, before it is written (the worker stops judging the lease
+    then); the write is shielded, so a stop request arriving meanwhile cannot cut it
+    short.
+
+    Returns:
+        The outcome, as persisted.
+
+    Raises:
+        LeaseLost: a write found the fence moved; the run is someone else's now.
+        CheckpointFault: a checkpoint met a transient database fault.
+        Whatever the journal read or the outcome write raised (faults included).
+    """
+    outcome: Outcome
+    journal = RunJournal(db, settings, row, worker_id)
+    refusal = attempt_refusal(row)
+    if refusal is not None:
+        log.warning(
+            "attempt refused; failing run",
+            cause=(refusal.error or {}).get("cause"),
+            api_key_id=str(row["api_key_id"]) if row["api_key_id"] else None,
+        )
+        outcome = refusal
+    else:
+        entries = await load_entries(db, row)
+        execution = RunExecution(db, settings, row, definition, entries, worker_id, submitter)
+        outcome = await execution.execute()
+        journal = execution.journal
+    if tracing.ENABLED:
+        tracing.execution_outcome(*outcome_summary(outcome))
+    settling()
+    # Shielded: once decided, the outcome is written even if we are asked to stop.
+    await asyncio.shield(journal.settle(outcome))
+    return outcome

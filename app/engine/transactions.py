@@ -2,9 +2,10 @@
 
 One attempt is ONE write transaction (after DBOS transactions): the user function runs on
 an :class:`AsyncSession` bound to it, then the fenced ``UPDATE runs … WHERE fence =
-:fence`` (:func:`app.db.queries.runs.check_fence`), the journal entry and the step's events
-are written, then everything commits. A fence that moved (cancel, lease taken over) makes
-that UPDATE match zero rows: ``LeaseLost`` rolls the user's writes back with the rest.
+:fence``, the journal entry and the step's events are written
+(:meth:`app.engine.journal.RunJournal.record_transaction`), then everything commits. A
+fence that moved (cancel, lease taken over) makes that UPDATE match zero rows:
+``LeaseLost`` rolls the user's writes back with the rest.
 
 Why the fence is checked *after* the user function rather than before it: on PostgreSQL
 the check locks the run row, and holding that lock while user code runs would block
@@ -47,7 +48,6 @@ from app.core import json, tracing
 from app.core.errors import CheckpointFault, InvalidInput, PayloadTooLarge
 from app.core.status import RunReason, StepStatus
 from app.db.faults import classify, retry_conflicts
-from app.db.queries import runs as runs_q
 from app.sdk.context import StepInfo, _current_step
 from app.sdk.errors import Permanent
 from app.sdk.retry import RetryPolicy
@@ -120,7 +120,7 @@ async def attempt(
     async def once() -> str:
         nonlocal in_function
         in_function = False
-        async with ex.db.write() as conn:
+        async with ex.journal.step_transaction() as conn:
             session = session_for(conn)
             in_function = True
             try:
@@ -143,8 +143,7 @@ async def attempt(
             except (PayloadTooLarge, InvalidInput, ValueError, TypeError) as exc:
                 raise _BadOutput(exc) from exc
             # The fenced write: zero rows raises LeaseLost, which rolls back fn's writes.
-            await runs_q.check_fence(conn, ex.run_id, ex.fence)
-            await ex.record_attempt_start(
+            await ex.journal.record_transaction(
                 conn,
                 step_id=step_id,
                 seq=seq,
@@ -153,8 +152,8 @@ async def attempt(
                 attempt=attempt,
                 max_attempts=retry.max_attempts,
                 detail=detail,
+                output=text,
             )
-            await ex.record_attempt_success(conn, step_id=step_id, attempt=attempt, output=text)
         return text
 
     try:
@@ -168,7 +167,7 @@ async def attempt(
         )
     except _BadOutput as exc:
         await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
-        await ex._finish_step_failed(
+        await ex.give_up(
             step_id,
             StepStatus.FAILED,
             RunReason.FAILURE_NON_RETRYABLE,
@@ -177,12 +176,12 @@ async def attempt(
         )
     except Permanent as exc:
         await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
-        await ex._finish_step_failed(
+        await ex.give_up(
             step_id, StepStatus.FAILED, RunReason.FAILURE_NON_RETRYABLE, _error_info(exc), attempt
         )
     except TimeoutError as exc:
         await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
-        return await ex._after_error(step_id, retry, attempt, exc, timed_out=timeout)
+        return await ex.after_error(step_id, retry, attempt, exc, timed_out=timeout)
     except Exception as exc:  # any other error is retryable by contract, but faults
         fault = classify(exc)
         raised_by_database = not in_function or isinstance(exc, (DBAPIError, PoolTimeout))
@@ -192,7 +191,7 @@ async def attempt(
             # so nothing happened; the run is given back instead of spending an attempt.
             raise CheckpointFault(ex.run_id, fault.value) from exc
         await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
-        return await ex._after_error(step_id, retry, attempt, exc, timed_out=None)
+        return await ex.after_error(step_id, retry, attempt, exc, timed_out=None)
     finally:
         _current_step.reset(token)
     return adapter.validate_python(json.loads(text))
@@ -216,16 +215,12 @@ async def _start_failed_attempt(
 ) -> None:
     # The attempt's transaction was rolled back; journal that it happened, so the failure
     # written next (by the executor) counts against the retry budget.
-    async def start(conn: AsyncConnection) -> None:
-        await ex.record_attempt_start(
-            conn,
-            step_id=step_id,
-            seq=seq,
-            kind=kind,
-            name=name,
-            attempt=attempt,
-            max_attempts=retry.max_attempts,
-            detail=detail,
-        )
-
-    await ex.write(start)
+    await ex.journal.start_attempt(
+        step_id=step_id,
+        seq=seq,
+        kind=kind,
+        name=name,
+        attempt=attempt,
+        max_attempts=retry.max_attempts,
+        detail=detail,
+    )

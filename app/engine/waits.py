@@ -3,7 +3,9 @@
 A wait is journaled as a step of kind ``timer`` / ``signal`` / ``approval`` with status
 ``waiting`` and a ``deadline`` (database time, fixed when the wait is first recorded, so
 timeouts keep counting across restarts). When it cannot be satisfied yet, the branch asks
-the execution to release the run; a signal or decision wakes it again.
+the execution to release the run; a signal or decision wakes it again. Every write is a
+:class:`app.engine.journal.RunJournal` method (``ex.journal``); this module decides what
+to write and when, never how.
 """
 
 from __future__ import annotations
@@ -19,13 +21,7 @@ from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json, tracing
-from app.core.status import AccessPolicy, EventKind, RunReason, RunStatus, StepStatus
-from app.db.queries import approvals as approvals_q
-from app.db.queries import events as events_q
-from app.db.queries import run_labels as labels_q
-from app.db.queries import runs as runs_q
-from app.db.queries import signals as signals_q
-from app.db.queries import steps as steps_q
+from app.core.status import AccessPolicy, RunReason, RunStatus, StepStatus
 from app.engine.outcomes import PendingWait
 from app.engine.submit import SubmitRequest, insert_prepared
 from app.sdk.context import ApprovalDecision
@@ -98,67 +94,6 @@ def _remaining(ex: RunExecution, deadline: datetime | None) -> float | None:
     return None if deadline is None else (deadline - ex.db_now()).total_seconds()
 
 
-async def _record(
-    ex: RunExecution,
-    conn: AsyncConnection,
-    *,
-    step_id: str,
-    seq: int,
-    kind: str,
-    name: str,
-    deadline: datetime | None,
-    detail: dict[str, Any] | None,
-) -> None:
-    await steps_q.insert_step(
-        conn,
-        run_id=ex.run_id,
-        tenant_id=ex.tenant_id,
-        step_id=step_id,
-        seq=seq,
-        kind=kind,
-        name=name,
-        status=StepStatus.WAITING,
-        fence=ex.fence,
-        deadline=deadline,
-        detail=None if detail is None else json.dumps(detail),
-    )
-    await events_q.append(
-        conn,
-        run_id=ex.run_id,
-        tenant_id=ex.tenant_id,
-        kind=EventKind.WAIT_STARTED,
-        step_id=step_id,
-        data={"kind": kind, "name": name, "deadline": deadline.isoformat() if deadline else None},
-    )
-
-
-async def _finish(
-    ex: RunExecution,
-    conn: AsyncConnection,
-    step_id: str,
-    status: StepStatus,
-    output: str | None,
-    event: EventKind,
-    data: dict[str, Any],
-    error: dict[str, Any] | None = None,
-) -> None:
-    # A step that did not succeed records why: ``error`` if given, else the event data.
-    if error is None and status != StepStatus.SUCCEEDED:
-        error = data
-    await steps_q.finish_attempt(
-        conn,
-        run_id=ex.run_id,
-        step_id=step_id,
-        status=status,
-        output=output,
-        error=None if error is None else json.dumps(error),
-        fence=ex.fence,
-    )
-    await events_q.append(
-        conn, run_id=ex.run_id, tenant_id=ex.tenant_id, kind=event, step_id=step_id, data=data
-    )
-
-
 async def timer(
     ex: RunExecution,
     *,
@@ -176,19 +111,9 @@ async def timer(
     if entry is None:
         deadline = until if until is not None else ex.db_now() + timedelta(seconds=seconds or 0)
 
-        async def record(conn: AsyncConnection) -> None:
-            await _record(
-                ex,
-                conn,
-                step_id=step_id,
-                seq=seq,
-                kind="timer",
-                name="sleep",
-                deadline=deadline,
-                detail=None,
-            )
-
-        await ex.write(record)
+        await ex.journal.waits.start_wait(
+            step_id=step_id, seq=seq, kind="timer", name="sleep", deadline=deadline
+        )
     else:
         deadline = entry["deadline"]
     remaining = _remaining(ex, deadline) or 0.0
@@ -198,18 +123,7 @@ async def timer(
         async with ex.idle():  # a short timer does not hold another branch's release
             await asyncio.sleep(remaining)
 
-    async def fire(conn: AsyncConnection) -> None:
-        await _finish(
-            ex,
-            conn,
-            step_id,
-            StepStatus.SUCCEEDED,
-            "null",
-            EventKind.TIMER_FIRED,
-            {"deadline": deadline.isoformat()},
-        )
-
-    await ex.write(fire)
+    await ex.journal.waits.fire_timer(step_id=step_id, deadline=deadline)
 
 
 async def open_wait(
@@ -253,57 +167,18 @@ async def signal(
     if entry is not None and entry["status"] == StepStatus.SUCCEEDED:
         return json.loads(entry["output"])
     deadline = await open_wait(ex, step_id=step_id, kind="signal", entry=entry, timeout=timeout)
-    outcome: dict[str, Any] = {}
-
-    async def attempt(conn: AsyncConnection) -> None:
-        outcome.clear()  # a conflict re-runs the transaction: keep only the last run's
-        if entry is None:
-            await _record(
-                ex,
-                conn,
-                step_id=step_id,
-                seq=seq,
-                kind="signal",
-                name=name,
-                deadline=deadline,
-                detail={"signal": name, "timeout": timeout},
-            )
-        found = await signals_q.oldest_unconsumed(conn, ex.run_id, name)
-        # The run row is locked (fenced write), so no other consumer races us here.
-        if found is not None and await signals_q.consume(conn, found["signal_id"], step_id):
-            payload = found["payload"] or "null"
-            await _finish(
-                ex,
-                conn,
-                step_id,
-                StepStatus.SUCCEEDED,
-                payload,
-                EventKind.SIGNAL_CONSUMED,
-                {"signal": name, "signal_id": found["signal_id"]},
-            )
-            outcome["payload"] = payload
-        elif deadline is not None and deadline <= ex.db_now():
-            await _finish(
-                ex,
-                conn,
-                step_id,
-                StepStatus.TIMED_OUT,
-                None,
-                EventKind.WAIT_TIMED_OUT,
-                {"kind": "signal", "signal": name},
-            )
-            outcome["timed_out"] = True
-
-    await ex.write(attempt)
-    if "payload" in outcome:
-        return json.loads(outcome["payload"])
-    if outcome.get("timed_out"):
+    taken = await ex.journal.waits.take_signal(
+        step_id=step_id,
+        seq=seq,
+        name=name,
+        deadline=deadline,
+        record=None if entry is not None else {"signal": name, "timeout": timeout},
+    )
+    if taken.found:
+        return json.loads(taken.value)
+    if taken.timed_out:
         assert deadline is not None
         raise WaitTimedOut(step_id, "signal", deadline.isoformat())
-
-    async def arrived(conn: AsyncConnection) -> bool:
-        return await signals_q.oldest_unconsumed(conn, ex.run_id, name) is not None
-
     remaining = _remaining(ex, deadline)
     await ex.suspend(
         PendingWait(
@@ -311,7 +186,7 @@ async def signal(
             RunStatus.WAITING_SIGNAL,
             "signal",
             name,
-            arrived,
+            ex.journal.waits.signal_arrived(name),
         )
     )
 
@@ -381,59 +256,27 @@ async def _await_decision(
         needed = config.approvals
     detail = config.as_detail()
     json.dumps_limited(detail, ex.settings.max_payload_bytes, "approval payload")
-    outcome: dict[str, Any] = {}
 
-    async def attempt(conn: AsyncConnection) -> None:
-        outcome.clear()  # a conflict re-runs the transaction: keep only the last run's
-        if entry is None:
-            await _record(
-                ex,
-                conn,
-                step_id=step_id,
-                seq=seq,
-                kind="approval",
-                name=step_id.split("#")[0],  # the approval's name, as ctx.approval passes it
-                deadline=deadline,
-                detail=detail,
-            )
-        rows = list(await approvals_q.list_decisions(conn, ex.run_id, step_id))
-        decided = resolve_decisions(rows, needed)
-        if decided is not None:
-            await _finish(
-                ex,
-                conn,
-                step_id,
-                StepStatus.SUCCEEDED if decided.approved else StepStatus.FAILED,
-                json.dumps(decided.model_dump(mode="json")),
-                EventKind.APPROVAL_RESOLVED,
-                {"approved": decided.approved, "decided_by": decided.decided_by},
-                error=None if decided.approved else _rejection(step_id, decided),
-            )
-            outcome["decision"] = decided
-        elif deadline is not None and deadline <= ex.db_now():
-            await _finish(
-                ex,
-                conn,
-                step_id,
-                StepStatus.TIMED_OUT,
-                None,
-                EventKind.WAIT_TIMED_OUT,
-                {"kind": "approval"},
-            )
-            outcome["timed_out"] = True
+    def decide(rows: list[RowMapping]) -> ApprovalDecision | None:
+        return resolve_decisions(rows, needed)
 
-    await ex.write(attempt)
-    if "decision" in outcome:
-        result: ApprovalDecision = outcome["decision"]
+    taken = await ex.journal.waits.resolve_approval(
+        step_id=step_id,
+        seq=seq,
+        name=step_id.split("#")[0],  # the approval's name, as ctx.approval passes it
+        deadline=deadline,
+        record=None if entry is not None else detail,
+        decide=decide,
+        rejection=lambda decision: _rejection(step_id, decision),
+    )
+    if taken.found:
+        result: ApprovalDecision = taken.value
         return result
-    if outcome.get("timed_out"):
+    if taken.timed_out:
         assert deadline is not None
         raise WaitTimedOut(step_id, "approval", deadline.isoformat())
 
-    async def decided(conn: AsyncConnection) -> bool:
-        rows = list(await approvals_q.list_decisions(conn, ex.run_id, step_id))
-        return resolve_decisions(rows, needed) is not None
-
+    decided = ex.journal.waits.decision_made(step_id, decide)
     remaining = _remaining(ex, deadline)
     await ex.suspend(
         PendingWait(
@@ -464,21 +307,9 @@ async def value(
     produced = produce()
     text = json.dumps(produced)
 
-    async def record(conn: AsyncConnection) -> None:
-        await steps_q.insert_step(
-            conn,
-            run_id=ex.run_id,
-            tenant_id=ex.tenant_id,
-            step_id=step_id,
-            seq=seq,
-            kind="value",
-            name=step_id.split("#")[0],
-            status=StepStatus.SUCCEEDED,
-            fence=ex.fence,
-            output=text,
-        )
-
-    await ex.write(record)
+    await ex.journal.waits.record_value(
+        step_id=step_id, seq=seq, name=step_id.split("#")[0], output=text
+    )
     return decode(json.loads(text))
 
 
@@ -493,24 +324,7 @@ async def label(
         return
     ex.cancel_point()
 
-    async def record(conn: AsyncConnection) -> None:
-        await steps_q.insert_step(
-            conn,
-            run_id=ex.run_id,
-            tenant_id=ex.tenant_id,
-            step_id=step_id,
-            seq=seq,
-            kind="value",
-            name="label",
-            status=StepStatus.SUCCEEDED,
-            fence=ex.fence,
-            output=json.dumps({"key": key, "value": value}),
-        )
-        await labels_q.set_label(
-            conn, run_id=ex.run_id, tenant_id=ex.tenant_id, key=key, value=value
-        )
-
-    await ex.write(record)
+    await ex.journal.waits.record_label(step_id=step_id, seq=seq, key=key, value=value)
 
 
 async def child(
@@ -562,9 +376,8 @@ async def child(
             ex.run["access"], await ex.submitter.access(workflow, resolved)
         ).value
 
-        async def create(conn: AsyncConnection) -> None:
+        def check_count(started: int) -> None:
             # Counted under the fence, in the transaction that creates the child.
-            started = await steps_q.count_kind(conn, ex.run_id, "child")
             limit = ex.settings.max_children_per_run
             if started >= limit:
                 ex.ceiling(
@@ -572,6 +385,8 @@ async def child(
                     f"run started {started} children, TREADLE_MAX_CHILDREN_PER_RUN={limit}",
                     limit,
                 )
+
+        async def insert(conn: AsyncConnection) -> RowMapping:
             row, _ = await insert_prepared(
                 conn,
                 request,
@@ -586,25 +401,16 @@ async def child(
                 # In the parent's trace, under the execution that creates it.
                 trace=tracing.inherit(ex.run),
             )
-            child_id = str(row["run_id"])
-            await steps_q.insert_step(
-                conn,
-                run_id=ex.run_id,
-                tenant_id=ex.tenant_id,
-                step_id=step_id,
-                seq=seq,
-                kind="child",
-                name=workflow,
-                status=StepStatus.SUCCEEDED if detached else StepStatus.WAITING,
-                fence=ex.fence,
-                output=json.dumps(child_id) if detached else None,
-                detail=json.dumps({"child_run_id": child_id, "detached": detached}),
-            )
-            created["id"] = child_id
+            return row
 
-        created: dict[str, str] = {}
-        await ex.write(create)
-        child_id = created["id"]
+        child_id = await ex.journal.waits.create_child(
+            step_id=step_id,
+            seq=seq,
+            workflow=workflow,
+            detached=detached,
+            insert=insert,
+            check_count=check_count,
+        )
         if detached:
             return child_id
     else:
@@ -613,64 +419,11 @@ async def child(
 
 
 async def _join_child(ex: RunExecution, *, step_id: str, child_id: uuid.UUID) -> Any:
-    outcome: dict[str, Any] = {}
-
-    async def check(conn: AsyncConnection) -> None:
-        outcome.clear()  # a conflict re-runs the transaction: keep only the last run's
-        row = await runs_q.get_run_any_tenant(conn, child_id)
-        assert row is not None
-        status = RunStatus(row["status"])
-        if status == RunStatus.COMPLETED:
-            await _finish(
-                ex,
-                conn,
-                step_id,
-                StepStatus.SUCCEEDED,
-                row["output"] or "null",
-                EventKind.CHILD_FINISHED,
-                {"child_run_id": str(child_id), "status": status.value},
-            )
-            outcome["output"] = row["output"] or "null"
-        elif status.is_terminal:
-            reason = row["reason"] if row["reason"] != "succeeded" else "failure_non_retryable"
-            if reason == "canceled_by_request":
-                reason = "failure_non_retryable"
-            message = f"child run {child_id} ended {status.value} ({row['reason']})"
-            await steps_q.finish_attempt(
-                conn,
-                run_id=ex.run_id,
-                step_id=step_id,
-                status=StepStatus.FAILED,
-                output=None,
-                error=json.dumps(
-                    {
-                        "type": "ChildFailed",
-                        "reason": reason,
-                        "message": message,
-                        "child_run_id": str(child_id),
-                    }
-                ),
-                fence=ex.fence,
-            )
-            await events_q.append(
-                conn,
-                run_id=ex.run_id,
-                tenant_id=ex.tenant_id,
-                kind=EventKind.CHILD_FINISHED,
-                step_id=step_id,
-                data={"child_run_id": str(child_id), "status": status.value},
-            )
-            outcome["failed"] = (reason, message)
-
-    await ex.write(check)
-    if "output" in outcome:
-        return json.loads(outcome["output"])
-    if "failed" in outcome:
-        reason, message = outcome["failed"]
+    taken = await ex.journal.waits.settle_child(step_id=step_id, child_id=child_id)
+    if taken.found:
+        return json.loads(taken.value)
+    if taken.failed is not None:
+        reason, message = taken.failed
         raise StepFailed(step_id, reason, "ChildFailed", message, 1)
-
-    async def finished(conn: AsyncConnection) -> bool:
-        row = await runs_q.get_run_any_tenant(conn, child_id)
-        return row is not None and RunStatus(row["status"]).is_terminal
-
+    finished = ex.journal.waits.child_finished(child_id)
     await ex.suspend(PendingWait(None, RunStatus.WAITING_CHILD, "child", str(child_id), finished))

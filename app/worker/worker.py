@@ -1,9 +1,11 @@
 """The worker process: claim loop, heartbeat, LISTEN wake-ups, graceful drain.
 
 One composition root, :func:`run_worker`. A worker registers its definitions, then loops:
-claim due runs (``FOR UPDATE SKIP LOCKED``), execute each in its own task under a lease,
-renew all its leases with one heartbeat statement, and on SIGTERM stop claiming, let
-in-flight runs finish within the grace period and release the rest at once.
+claim due runs (``FOR UPDATE SKIP LOCKED``), hand each to the engine in its own task
+under a lease (:func:`app.engine.executor.execute_claim`, which also persists the
+outcome through :class:`app.engine.journal.RunJournal`), renew all its leases with one
+heartbeat statement, and on SIGTERM stop claiming, let in-flight runs finish within the
+grace period and give the rest back at once. It writes no run state itself.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import signal
 import socket
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,32 +25,26 @@ import prometheus_client
 import structlog
 from sqlalchemy import RowMapping
 from sqlalchemy.engine import make_url
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json, metrics, tracing
 from app.core.errors import CheckpointFault, LeaseLost
 from app.core.settings import Settings
-from app.core.status import EventKind, RunReason, RunStatus
 from app.db.database import Database
 from app.db.faults import classify, wait_out_faults
 from app.db.migrations import check_schema
 from app.db.pooler import notifications_arrive, statement_timeout_mismatch
-from app.db.queries import checkpoints as checkpoints_q
-from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
-from app.db.queries import events as events_q
 from app.db.queries import runs as runs_q
-from app.db.queries import steps as steps_q
-from app.engine import slots, story_log, webhooks
+from app.engine import slots, story_log
 from app.engine.batches import BatchRunner
 from app.engine.claims import Claimer
-from app.engine.executor import RunExecution
-from app.engine.outcomes import Completed, Failed, Outcome, Suspended, outcome_summary
+from app.engine.executor import execute_claim
+from app.engine.journal import RunJournal
+from app.engine.outcomes import Completed, Failed
 from app.engine.registry import Registry
 from app.engine.schedules import Scheduler
 from app.engine.submit import Submitter
-from app.engine.tenants import attempt_refusal
-from app.engine.wakeup import NOTIFY_CHANNEL, notify
+from app.engine.wakeup import NOTIFY_CHANNEL
 from app.worker.webhooks import WebhookSender
 
 log = structlog.get_logger("treadle.worker")
@@ -246,7 +242,7 @@ class Worker:
                     for row in rows:
                         self.stats.claimed += 1
                         with structlog.contextvars.bound_contextvars(run_id=str(row["run_id"])):
-                            await self._release(row["run_id"], row["tenant_id"], int(row["fence"]))
+                            await self._give_back(row)
                     break
                 for row in rows:
                     self._start(row)
@@ -276,7 +272,6 @@ class Worker:
 
     async def _execute(self, row: RowMapping, active: _Active) -> None:
         run_id: uuid.UUID = row["run_id"]
-        fence = active.fence
         rlog = self.log.bind(run_id=str(run_id), workflow=row["workflow"], tenant=row["tenant_id"])
         # This task's own context: every line of the execution (and of its steps) has them.
         story_log.bind_run(row, self.worker_id)
@@ -284,35 +279,24 @@ class Worker:
             definition = self.registry.get(row["workflow"], row["version"])
             if definition is None:  # pragma: no cover - the claim filters on registered keys
                 return
-            # DESIGN §4: every attempt re-checks who the run acts for (tenant active, API
-            # key not revoked); the claim statement read both, so this costs nothing.
-            refusal = attempt_refusal(row)
-            outcome: Outcome
-            if refusal is not None:
-                rlog.warning(
-                    "attempt refused; failing run",
-                    cause=(refusal.error or {}).get("cause"),
-                    api_key_id=str(row["api_key_id"]) if row["api_key_id"] else None,
-                )
-                outcome = refusal
+            outcome = await execute_claim(
+                self.db,
+                self.settings,
+                row,
+                definition,
+                self.worker_id,
+                self.submitter,
+                settling=lambda: setattr(active, "finalizing", True),
+            )
+            if isinstance(outcome, Completed):
+                self.stats.completed += 1
+            elif isinstance(outcome, Failed):
+                self.stats.failed += 1
             else:
-                journal: Sequence[RowMapping] = ()
-                if int(row["attempt"]) > 1 or row.get("rerun_of") is not None:
-                    # Steps are journaled only by an execution under a claim, and the claim
-                    # bumps ``attempt``: a run's first claim has nothing to replay, so a
-                    # fresh run skips this read (one transaction per run on the hot path).
-                    # A rerun is the exception: it starts with its original's prefix.
-                    async with self.db.read() as conn:
-                        journal = await steps_q.load_journal(conn, run_id)
-                execution = RunExecution(
-                    self.db, self.settings, row, definition, journal, self.worker_id, self.submitter
-                )
-                outcome = await execution.execute()
-            if tracing.ENABLED:
-                tracing.execution_outcome(*outcome_summary(outcome))
-            active.finalizing = True
-            # Shielded: once decided, the outcome is written even if we are asked to stop.
-            await asyncio.shield(self._finalize(row, fence, outcome))
+                self.stats.suspended += 1
+                if outcome.delay is not None:
+                    # Come back for our own timer when it is due rather than at the next poll.
+                    asyncio.get_running_loop().call_later(max(outcome.delay, 0.0), self._wake.set)
         except LeaseLost as exc:
             self.stats.lease_lost += 1
             metrics.LEASE_LOSSES.inc()
@@ -320,7 +304,7 @@ class Worker:
             tracing.record_error(exc)
         except CheckpointFault as exc:
             tracing.record_error(exc)
-            await self._give_back(row, fence, exc.fault, exc.__cause__, rlog)
+            await self._fault(row, exc.fault, exc.__cause__, rlog)
         except asyncio.CancelledError:
             if active.lost:
                 self.stats.lease_lost += 1
@@ -328,12 +312,12 @@ class Worker:
                 rlog.warning("lease lost; execution stopped")
             # Fenced, so harmless if the lease is really gone; if we still hold it, the
             # run is claimable again at once instead of waiting for the lease to expire.
-            await asyncio.shield(self._release(run_id, row["tenant_id"], fence))
+            await asyncio.shield(self._give_back(row))
         except Exception as exc:  # noqa: BLE001
             fault = classify(exc)
             if fault is not None:
                 # Loading the journal or writing the outcome met the same faults.
-                await self._give_back(row, fence, fault.value, exc, rlog)
+                await self._fault(row, fault.value, exc, rlog)
             else:
                 # An engine bug must not kill the worker; the lease expires and another
                 # worker retries the run.
@@ -346,15 +330,14 @@ class Worker:
             self._update_slots()
             self._wake.set()
 
-    async def _give_back(
+    async def _fault(
         self,
         row: RowMapping,
-        fence: int,
         fault: str,
         cause: BaseException | None,
         rlog: structlog.typing.FilteringBoundLogger,
     ) -> None:
-        """Release a run whose execution met a transient database fault.
+        """Give back a run whose execution met a transient database fault.
 
         The fault is not the run's: nothing of the failed transaction was written, no
         attempt is counted, and the run is claimable again after a short pause (by this
@@ -367,214 +350,21 @@ class Worker:
             fault=fault,
             error=str(cause)[:300] if cause is not None else None,
         )
-        await asyncio.shield(
-            self._release(
-                row["run_id"], row["tenant_id"], fence, why=f"database {fault}", delay=1.0
-            )
-        )
+        await asyncio.shield(self._give_back(row, why=f"database {fault}", delay=1.0))
+
+    async def _give_back(
+        self, row: RowMapping, *, why: str = "worker draining", delay: float = 0.0
+    ) -> None:
+        # The release is the engine's (RunJournal.give_back, fenced on the claim's fence);
+        # the worker only counts it.
+        if await RunJournal(self.db, self.settings, row, self.worker_id).give_back(
+            why=why, delay=delay
+        ):
+            self.stats.released += 1
 
     def _update_slots(self) -> None:
         metrics.WORKER_SLOTS.labels("busy").set(len(self._active))
         metrics.WORKER_SLOTS.labels("free").set(max(self.concurrency - len(self._active), 0))
-
-    async def _finalize(self, row: RowMapping, fence: int, outcome: Outcome) -> None:
-        run_id: uuid.UUID = row["run_id"]
-        tenant_id: str = row["tenant_id"]
-
-        async def write(conn: AsyncConnection) -> None:
-            # Re-run whole after a conflict: nothing outside the database changes in here.
-            if isinstance(outcome, Completed):
-                await runs_q.finish_run(
-                    conn,
-                    run_id=run_id,
-                    fence=fence,
-                    status=RunStatus.COMPLETED,
-                    reason="succeeded",
-                    output=outcome.output,
-                    error=None,
-                )
-                await events_q.append(
-                    conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_COMPLETED
-                )
-            elif isinstance(outcome, Failed):
-                error = outcome.error or {}
-                error_text = None if outcome.error is None else json.dumps(outcome.error)
-                await runs_q.finish_run(
-                    conn,
-                    run_id=run_id,
-                    fence=fence,
-                    status=outcome.status,
-                    reason=outcome.reason.value,
-                    output=None,
-                    error=error_text,
-                )
-                # Branches still mid-attempt when the body ended were cancelled: by the
-                # cancel request the run was carrying out, else by the run's failure.
-                if (
-                    outcome.reason == RunReason.CANCELED_BY_REQUEST
-                    or row["status"] == RunStatus.CANCELLING.value
-                ):
-                    await steps_q.cancel_running(conn, run_id)
-                else:
-                    failed_at = error.get("step_id")
-                    await steps_q.cancel_running(
-                        conn,
-                        run_id,
-                        RunReason.CANCELED_BY_FAILURE,
-                        f"cancelled: the run failed ({outcome.reason.value}"
-                        + (f" at step {failed_at!r}" if failed_at else "")
-                        + ") while this step was unfinished",
-                    )
-                kind = {
-                    RunStatus.CANCELLED: EventKind.RUN_CANCELLED,
-                    RunStatus.COMPENSATED: EventKind.RUN_COMPENSATED,
-                }.get(outcome.status, EventKind.RUN_FAILED)
-                await events_q.append(
-                    conn,
-                    run_id=run_id,
-                    tenant_id=tenant_id,
-                    kind=kind,
-                    data={
-                        "reason": outcome.reason.value,
-                        "error_type": error.get("type"),
-                        "message": str(error.get("message", ""))[:500],
-                        # Authorization failures say why: tenant suspended or key revoked.
-                        **(
-                            {"cause": error.get("cause")}
-                            if outcome.reason == RunReason.FAILURE_AUTHORIZATION
-                            else {}
-                        ),
-                    },
-                )
-                if outcome.status == RunStatus.FAILED:
-                    dl_id = await dl_q.insert_dead_letter(
-                        conn,
-                        run_id=run_id,
-                        tenant_id=tenant_id,
-                        workflow=row["workflow"],
-                        reason=outcome.reason.value,
-                        error=error_text,
-                    )
-                    await events_q.append(
-                        conn,
-                        run_id=run_id,
-                        tenant_id=tenant_id,
-                        kind=EventKind.DEAD_LETTER_WRITTEN,
-                        data={"dead_letter_id": str(dl_id)},
-                    )
-            elif isinstance(outcome, Suspended):
-                await runs_q.release_run(
-                    conn,
-                    run_id=run_id,
-                    fence=fence,
-                    status=outcome.status,
-                    delay=outcome.delay,
-                    waiting_kind=outcome.waiting_kind,
-                    waiting_name=outcome.waiting_name,
-                )
-                await events_q.append(
-                    conn,
-                    run_id=run_id,
-                    tenant_id=tenant_id,
-                    kind=EventKind.RUN_RELEASED,
-                    data={
-                        "status": outcome.status.value,
-                        "resume_in_seconds": outcome.delay,
-                        "waiting_on": outcome.waiting_kind,
-                        "name": outcome.waiting_name,
-                    },
-                )
-                # The row is locked by the release above: a signal or decision that
-                # arrived while we were releasing is seen here, and the run stays due.
-                for check in outcome.wake_checks:
-                    if await check(conn):
-                        await runs_q.make_due(conn, run_id=run_id)
-                        break
-            # Its webhook deliveries are written with the terminal state (app/engine/webhooks.py).
-            if not isinstance(outcome, Suspended):
-                await webhooks.run_became_terminal(conn, run_id)
-            # The run's concurrency slot goes to its key's oldest waiter, in this same
-            # transaction (app/engine/slots.py).
-            if not isinstance(outcome, Suspended) and await slots.release(conn, row):
-                await notify(conn)
-            # A parent joined on this child waits for exactly this moment.
-            if (
-                not isinstance(outcome, Suspended)
-                and row["parent_run_id"] is not None
-                and await runs_q.wake_parent(conn, parent_run_id=row["parent_run_id"])
-            ):
-                await notify(conn)
-
-        async def complete_alone(conn: AsyncConnection) -> None:
-            assert isinstance(outcome, Completed)
-            await checkpoints_q.complete_run(
-                conn, run_id=run_id, fence=fence, output=outcome.output
-            )
-
-        if (
-            isinstance(outcome, Completed)
-            and self.db.dialect == "postgresql"
-            and row["concurrency_slot"] is None
-            and row["parent_run_id"] is None
-        ):
-            # Nothing else changes with this outcome: one self-fencing statement.
-            await self.db.autocommit_retrying(complete_alone, what="run outcome")
-        else:
-            await self.db.write_retrying(write, what="run outcome")
-        story_log.run_outcome(outcome)
-        if isinstance(outcome, Completed):
-            metrics.RUNS_FINISHED.labels(row["workflow"], "completed", "succeeded").inc()
-            self.stats.completed += 1
-        elif isinstance(outcome, Failed):
-            metrics.RUNS_FINISHED.labels(
-                row["workflow"], outcome.status.value, outcome.reason.value
-            ).inc()
-            self.stats.failed += 1
-        else:
-            self.stats.suspended += 1
-            if outcome.delay is not None:
-                # Come back for our own timer when it is due rather than at the next poll.
-                asyncio.get_running_loop().call_later(max(outcome.delay, 0.0), self._wake.set)
-
-    async def _release(
-        self,
-        run_id: uuid.UUID,
-        tenant_id: str,
-        fence: int,
-        *,
-        why: str = "worker draining",
-        delay: float = 0.0,
-    ) -> None:
-        """Give a run back (drain: at once; after a database fault: after ``delay`` s).
-
-        Attempts it interrupted are not counted: another worker (or this one) may claim
-        the run when ``delay`` has passed.
-        """
-
-        async def release(conn: AsyncConnection) -> None:
-            # Fenced first: if the lease is gone this raises and nothing is touched.
-            await runs_q.release_run(
-                conn, run_id=run_id, fence=fence, status=RunStatus.QUEUED, delay=delay
-            )
-            await steps_q.reset_interrupted(conn, run_id)
-            await events_q.append(
-                conn,
-                run_id=run_id,
-                tenant_id=tenant_id,
-                kind=EventKind.RUN_RELEASED,
-                data={"status": RunStatus.QUEUED.value, "why": why},
-            )
-
-        try:
-            # The lease pool, like heartbeats: a drain or a fault's give-back must not
-            # queue behind the steps still holding the main pool.
-            await self.db.lease_write_retrying(release, what="release")
-            self.stats.released += 1
-            story_log.given_back(why, delay)
-        except LeaseLost:
-            pass
-        except Exception as exc:  # noqa: BLE001 - the lease will expire instead
-            self.log.warning("release failed", run_id=str(run_id), error=str(exc)[:300])
 
     # --- leases ----------------------------------------------------------------------
 

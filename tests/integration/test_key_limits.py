@@ -28,6 +28,7 @@ from app.db.queries import runs as runs_q
 from app.db.queries import slots as slots_q
 from app.db.tables import dead_letters, events, runs
 from app.engine import control, slots
+from app.engine.journal import RunJournal
 from app.engine.outcomes import Completed
 from app.engine.registry import Registry
 from app.engine.submit import SubmitRequest, Submitter
@@ -463,7 +464,7 @@ async def test_submission_racing_the_last_holder_never_strands(
         return row
 
     async def complete(claimed: RowMapping) -> None:
-        await finisher._finalize(claimed, claimed["fence"], Completed("null"))
+        await RunJournal(db, lsettings, claimed, "race-finisher").settle(Completed("null"))
 
     async def cancel(run_id: uuid.UUID) -> None:
         await control.cancel(db, tenant_id=TENANT, run_id=run_id, actor="op", reason=None)

@@ -260,7 +260,7 @@ async def test_a_lost_lease_cannot_append(lsettings: Settings, db: Database) -> 
         del conn
 
     with pytest.raises(LeaseLost):
-        await ex.write(nothing)
+        await ex.journal.write(nothing)
     async with db.read() as conn:
         count = (
             await conn.execute(
@@ -291,7 +291,7 @@ async def test_a_line_logged_again_after_a_crash_is_kept_once(
         ex = RunExecution(db, lsettings, claimed, logs_many, [], "w1")
         ex.logbook.info("after the last checkpoint", n=1)
         ex.logbook.info("after the last checkpoint", n=2)
-        await ex.write(nothing)
+        await ex.journal.write(nothing)
     lines = await _lines(db, run_id)
     assert [(x["seq"], x["fields"]) for x in lines] == [(1, {"n": 1}), (2, {"n": 2})]
 

@@ -13,18 +13,70 @@ A run's completion (:func:`complete_run`) is folded the same way when nothing el
 changes with it (no concurrency slot to hand on, no parent to wake).
 
 SQLite keeps the multi-statement transaction (an embedded database has no round trips).
+Which form runs is decided in one place, :func:`commit`, the only caller of this module's
+statements outside tests; the engine's one caller of :func:`commit` is
+``app/engine/journal.py`` (``RunJournal``), which owns every fenced write of a leased run.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
+from typing import Literal, TypeVar
 
 from sqlalchemy import BigInteger, Integer, String, Text, Uuid, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.errors import LeaseLost
 from app.core.status import EventKind, RunStatus, StepStatus
+from app.db.database import Database
 from app.db.queries.runs import LEASED_STATUSES
+
+T = TypeVar("T")
+
+Write = Callable[[AsyncConnection], Awaitable[T]]
+
+
+async def commit(
+    db: Database,
+    transaction: Write[T],
+    *,
+    statement: Write[T] | None = None,
+    what: str,
+    pool: Literal["main", "lease"] = "main",
+) -> T:
+    """Commit one fenced write of a leased run in the form the dialect calls for.
+
+    On PostgreSQL, when the write has a single self-fencing form (``statement``: one of
+    :func:`start_attempt`, :func:`record_success`, :func:`complete_run`), that statement
+    runs alone on an autocommit connection: one round trip instead of five. Otherwise
+    (SQLite, or a write that is more than one statement) ``transaction`` runs in a write
+    transaction; it must fence itself (:func:`app.db.queries.runs.check_fence` first, or
+    statements that carry ``fence = :fence``). Either form is re-run after a deadlock,
+    serialization failure or SQLite lock (``TREADLE_DB_RETRY_ATTEMPTS``), so neither may
+    keep state outside the database between calls.
+
+    Args:
+        db: the database (its ``dialect`` picks the form).
+        transaction: the multi-statement form; receives the open connection.
+        statement: the single-statement form, if the write has one.
+        what: names the write in retry log lines.
+        pool: ``lease`` for a lease release (the lease pool, beside heartbeats:
+            ``Database.lease_write``), else the main pool.
+
+    Returns:
+        What the form that ran returned.
+
+    Raises:
+        LeaseLost: the fence moved; nothing was written.
+        Whatever else the form raised (faults are classified by the caller).
+    """
+    if statement is not None and db.dialect == "postgresql":
+        return await db.autocommit_retrying(statement, what=what)
+    if pool == "lease":
+        return await db.lease_write_retrying(transaction, what=what)
+    return await db.write_retrying(transaction, what=what)
+
 
 _LEASED_SQL = ", ".join(f"'{s.value}'" for s in LEASED_STATUSES)
 

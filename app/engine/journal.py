@@ -1,0 +1,774 @@
+"""RunJournal: the one writer of a leased run's state (every fenced write, in one place).
+
+A worker that holds a run's lease (its ``fence``) changes the run only through here: an
+attempt's start and result, a failure and its retry schedule, a wait's start and end
+(timer, signal, approval, child), journaled values and labels, compensation records,
+``ctx.patched`` markers, the log lines and emits that ride on those writes, the run's
+outcome (completion, failure with its dead letter, suspension) with the slot hand-off and
+the parent's wake-up, and a give-back after a drain or a database fault. The executor,
+the durable waits, transactional steps and the worker call its methods; none of them
+builds SQL or picks a dialect path. The waits' writes are grouped on
+``RunJournal.waits`` (:class:`app.engine.wait_journal.WaitJournal`), built on the same
+fenced primitive.
+
+Each write is one method and one implementation. Where PostgreSQL can do a write as one
+self-fencing statement in autocommit (a plain step's start and result, a completion with
+nothing else to change) the method hands both forms to
+:func:`app.db.queries.checkpoints.commit`, which picks by dialect; the journal never
+does. Every write verifies the fence first (or carries ``fence = :fence``): a moved fence
+raises ``LeaseLost`` and writes nothing. Step writes turn a transient database fault into
+``CheckpointFault`` so it never reaches workflow code (the worker gives the run back).
+See docs/adr/0038-one-writer-of-leased-run-state.md, docs/adr/0004-fencing.md and
+docs/architecture.md ("Where a run's state is written").
+"""
+
+from __future__ import annotations
+
+import contextlib
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from datetime import datetime
+from typing import TYPE_CHECKING, Any, TypeVar
+
+import structlog
+from sqlalchemy import RowMapping
+from sqlalchemy.ext.asyncio import AsyncConnection
+
+from app.core import json, metrics
+from app.core.errors import CheckpointFault, LeaseLost
+from app.core.settings import Settings
+from app.core.status import EventKind, RunReason, RunStatus, StepStatus
+from app.db.database import Database
+from app.db.faults import classify
+from app.db.queries import checkpoints as checkpoints_q
+from app.db.queries import dead_letters as dl_q
+from app.db.queries import events as events_q
+from app.db.queries import run_labels as labels_q
+from app.db.queries import run_logs as run_logs_q
+from app.db.queries import runs as runs_q
+from app.db.queries import steps as steps_q
+from app.engine import slots, story_log, webhooks
+from app.engine.outcomes import Completed, Failed, Outcome, Suspended
+from app.engine.wait_journal import WaitJournal
+from app.engine.wakeup import notify
+
+if TYPE_CHECKING:
+    from app.engine.emitter import RunEmitter
+    from app.engine.logbook import RunLogBook
+
+T = TypeVar("T")
+
+log = structlog.get_logger("treadle.worker")
+
+
+class RunJournal:
+    """Every fenced write of one run under one claim.
+
+    Args:
+        db: the database.
+        settings: retry attempts, log and payload bounds.
+        run: the claimed ``runs`` row (its ``fence`` is the claim's).
+        worker_id: stamped on ``step_started`` events and give-back logs.
+        clock: the database clock estimate (``RunExecution.db_now``); a journal built
+            without an execution (a give-back) reads ``time.monotonic`` from the claim.
+    """
+
+    def __init__(
+        self,
+        db: Database,
+        settings: Settings,
+        run: RowMapping,
+        worker_id: str,
+        *,
+        clock: Callable[[], datetime] | None = None,
+    ) -> None:
+        self.db = db
+        self.settings = settings
+        self.run = run
+        self.run_id: uuid.UUID = run["run_id"]
+        self.tenant_id: str = run["tenant_id"]
+        self.fence: int = int(run["fence"])
+        self.worker_id = worker_id
+        self.clock = clock
+        self._logbook: RunLogBook | None = None
+        self._emitter: RunEmitter | None = None
+        # ctx.patched markers decided this execution, journaled by the next write.
+        self._markers: list[tuple[str, int, str]] = []
+        # The waits' writes (timers, signals, approvals, values, labels, children).
+        self.waits = WaitJournal(self)
+
+    def attach(self, logbook: RunLogBook, emitter: RunEmitter) -> None:
+        """Let ``ctx.logger`` lines and workflow emits ride on the next fenced write.
+
+        Lines and emits wait in ``logbook`` / ``emitter`` and are appended by the next
+        write, after its fence check (docs/adr/0027-run-logs.md,
+        docs/adr/0028-live-event-streams.md).
+        """
+        self._logbook = logbook
+        self._emitter = emitter
+
+    def labels_at_claim(self) -> dict[str, str]:
+        """The run's labels as the claim read them (``runs.labels``, decoded)."""
+        return labels_q.decode(self.run.get("labels"))
+
+    def mark_patch(self, step_id: str, seq: int, change_id: str) -> None:
+        """Journal a ``ctx.patched`` marker with the run's next write (before any later step)."""
+        self._markers.append((step_id, seq, change_id))
+
+    # --- the primitive ------------------------------------------------------------------
+
+    async def write(
+        self,
+        fn: Callable[[AsyncConnection], Awaitable[None]],
+        *,
+        single: Callable[[AsyncConnection], Awaitable[None]] | None = None,
+        what: str = "checkpoint",
+    ) -> None:
+        """Run ``fn`` in a write transaction that first verifies our fence.
+
+        The fence check comes first; then the emits, log lines and ``ctx.patched``
+        markers waiting to ride (markers before ``fn``'s rows: no later step can be
+        journaled without the marker that decided its path); then ``fn``. ``single``,
+        when given, is the same write as ONE self-fencing statement, used instead when
+        nothing rides along and the dialect allows
+        (:func:`app.db.queries.checkpoints.commit`).
+
+        Public for the one wait whose statements live beside its own mailbox
+        (``ctx.wait_for_event``, app/engine/events.py); every other write is a named
+        method below. A conflict re-runs the whole transaction, so ``fn`` must keep no
+        state outside the database between calls (or reset it first).
+
+        Raises:
+            LeaseLost: the fence moved; nothing was written.
+            CheckpointFault: a transient database fault (unreachable, pool or statement
+                timeout, conflicts past the retries); nothing was written.
+        """
+        if self._emitter is not None:
+            # Step emits made so far first (their own fenced write): a step's emits
+            # precede its result, and a parallel branch's are not held behind this one.
+            await self._emitter.flush_steps()
+        markers = list(self._markers)
+        lines, overflow = self._logbook.take() if self._logbook is not None else ([], 0)
+        emits = self._emitter.take_workflow() if self._emitter is not None else []
+
+        async def checkpoint(conn: AsyncConnection) -> None:
+            await runs_q.check_fence(conn, self.run_id, self.fence)
+            await events_q.append_emits(
+                conn, run_id=self.run_id, tenant_id=self.tenant_id, emits=emits
+            )
+            if lines or overflow:
+                await run_logs_q.append(
+                    conn,
+                    run_id=self.run_id,
+                    tenant_id=self.tenant_id,
+                    lines=lines,
+                    max_lines=self.settings.run_log_max_lines,
+                    also_dropped=overflow,
+                )
+            for step_id, seq, change_id in markers:
+                await steps_q.insert_step(
+                    conn,
+                    run_id=self.run_id,
+                    tenant_id=self.tenant_id,
+                    step_id=step_id,
+                    seq=seq,
+                    kind="patch",
+                    name=change_id,
+                    status=StepStatus.SUCCEEDED,
+                    fence=self.fence,
+                    output="true",
+                )
+            await fn(conn)
+
+        alone = single if not (markers or lines or overflow or emits) else None
+        await self._faults_as_checkpoint(
+            checkpoints_q.commit(self.db, checkpoint, statement=alone, what=what)
+        )
+        del self._markers[: len(markers)]
+
+    async def _faults_as_checkpoint(self, work: Awaitable[T]) -> T:
+        try:
+            return await work
+        except Exception as exc:
+            fault = classify(exc)
+            if fault is None:
+                raise
+            raise CheckpointFault(self.run_id, fault.value) from exc
+
+    async def append_step_emits(self, emits: list[events_q.Emit]) -> None:
+        """Append a batch of step emits in a fenced transaction of its own (see :meth:`write`).
+
+        Raises:
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+        """
+
+        async def append(conn: AsyncConnection) -> None:
+            await runs_q.check_fence(conn, self.run_id, self.fence)
+            await events_q.append_emits(
+                conn, run_id=self.run_id, tenant_id=self.tenant_id, emits=emits
+            )
+
+        await self._faults_as_checkpoint(self.db.write_retrying(append, what="emit"))
+
+    async def flush(self) -> None:
+        """Append the lines and emits still waiting: the execution's last write.
+
+        Step emits first, waiting for a batch the emitter's writer has in flight, so
+        closing the emitter afterwards cancels no write.
+        """
+        if self._emitter is not None:
+            await self._emitter.flush_steps()
+        # Only lines and emits: a marker left pending here decided nothing journaled after
+        # it, and is not written on its own (as before the journal had one owner).
+        if (self._logbook is not None and self._logbook.pending) or (
+            self._emitter is not None and self._emitter.pending
+        ):
+
+            async def nothing_else(conn: AsyncConnection) -> None:
+                del conn  # the riders are the write
+
+            await self.write(nothing_else)
+
+    # --- reads under the claim ----------------------------------------------------------
+
+    async def timeline_counts(self) -> tuple[int, int]:
+        """``(events, emits)`` of the run's timeline, for the per-run ceilings.
+
+        Raises:
+            Whatever the read raised (the worker gives the run back on a fault).
+        """
+        async with self.db.read() as conn:
+            return await events_q.counts_for_run(conn, self.run_id)
+
+    async def is_paused(self) -> bool:
+        """Whether an operator paused the run (one primary-key read, one round trip).
+
+        Raises:
+            CheckpointFault: the read met a transient database fault.
+        """
+
+        async def read() -> bool:
+            async with self.db.read_statement() as conn:
+                return await runs_q.is_paused(conn, self.run_id)
+
+        return await self._faults_as_checkpoint(read())
+
+    # --- step attempts ------------------------------------------------------------------
+
+    async def _start_rows(
+        self,
+        conn: AsyncConnection,
+        *,
+        step_id: str,
+        seq: int,
+        kind: str,
+        name: str,
+        attempt: int,
+        max_attempts: int,
+        detail: str | None,
+    ) -> None:
+        # The start record is what lets an attempt cut short by a lost worker be
+        # recognised (a ``running`` entry on replay).
+        await steps_q.start_attempt(
+            conn,
+            run_id=self.run_id,
+            tenant_id=self.tenant_id,
+            step_id=step_id,
+            seq=seq,
+            detail=detail,
+            kind=kind,
+            name=name,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            fence=self.fence,
+        )
+        await events_q.append(
+            conn,
+            run_id=self.run_id,
+            tenant_id=self.tenant_id,
+            kind=EventKind.STEP_STARTED,
+            step_id=step_id,
+            data={"attempt": attempt, "worker_id": self.worker_id},
+        )
+
+    async def _success_rows(
+        self, conn: AsyncConnection, *, step_id: str, attempt: int, output: str
+    ) -> None:
+        await steps_q.finish_attempt(
+            conn,
+            run_id=self.run_id,
+            step_id=step_id,
+            status=StepStatus.SUCCEEDED,
+            output=output,
+            error=None,
+            fence=self.fence,
+        )
+        await events_q.append(
+            conn,
+            run_id=self.run_id,
+            tenant_id=self.tenant_id,
+            kind=EventKind.STEP_SUCCEEDED,
+            step_id=step_id,
+            data={"attempt": attempt},
+        )
+
+    async def start_attempt(
+        self,
+        *,
+        step_id: str,
+        seq: int,
+        kind: str,
+        name: str,
+        attempt: int,
+        max_attempts: int,
+        detail: str | None,
+    ) -> None:
+        """Journal that attempt ``attempt`` of a step starts now, with ``step_started``.
+
+        ``detail`` is the step's JSON detail text (lost attempts, its compensation).
+
+        Raises:
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+        """
+        args: dict[str, Any] = {
+            "step_id": step_id,
+            "seq": seq,
+            "kind": kind,
+            "name": name,
+            "attempt": attempt,
+            "max_attempts": max_attempts,
+            "detail": detail,
+        }
+
+        async def rows(conn: AsyncConnection) -> None:
+            await self._start_rows(conn, **args)
+
+        async def statement(conn: AsyncConnection) -> None:
+            await checkpoints_q.start_attempt(
+                conn,
+                run_id=self.run_id,
+                fence=self.fence,
+                event_data=json.dumps({"attempt": attempt, "worker_id": self.worker_id}),
+                **args,
+            )
+
+        await self.write(rows, single=statement)
+
+    async def record_success(self, *, step_id: str, attempt: int, output: str) -> None:
+        """Journal a step's result (``output``: encoded JSON text) with ``step_succeeded``.
+
+        Raises:
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+        """
+
+        async def rows(conn: AsyncConnection) -> None:
+            await self._success_rows(conn, step_id=step_id, attempt=attempt, output=output)
+
+        async def statement(conn: AsyncConnection) -> None:
+            await checkpoints_q.record_success(
+                conn,
+                run_id=self.run_id,
+                fence=self.fence,
+                step_id=step_id,
+                output=output,
+                event_data=json.dumps({"attempt": attempt}),
+            )
+
+        await self.write(rows, single=statement)
+
+    @contextlib.asynccontextmanager
+    async def step_transaction(self) -> AsyncIterator[AsyncConnection]:
+        """The write transaction a transactional step's own writes run in.
+
+        It commits with the step's checkpoint (:meth:`record_transaction`), once; any
+        exception rolls both back (app/engine/transactions.py).
+        """
+        async with self.db.write() as conn:
+            yield conn
+
+    async def record_transaction(
+        self,
+        conn: AsyncConnection,
+        *,
+        step_id: str,
+        seq: int,
+        kind: str,
+        name: str,
+        attempt: int,
+        max_attempts: int,
+        detail: str | None,
+        output: str,
+    ) -> None:
+        """Checkpoint a transactional step inside its own transaction (``conn``).
+
+        The fence is checked after the step's function ran, so the run row is locked for
+        the commit only; zero rows raises ``LeaseLost``, which rolls the function's
+        writes back with the rest. Start and result are journaled together: a crash
+        inside the transaction leaves nothing to account for. Nothing rides along (log
+        lines and markers wait for the next write, which a retry cannot roll back).
+
+        Raises:
+            LeaseLost: the fence moved.
+        """
+        await runs_q.check_fence(conn, self.run_id, self.fence)
+        await self._start_rows(
+            conn,
+            step_id=step_id,
+            seq=seq,
+            kind=kind,
+            name=name,
+            attempt=attempt,
+            max_attempts=max_attempts,
+            detail=detail,
+        )
+        await self._success_rows(conn, step_id=step_id, attempt=attempt, output=output)
+
+    async def schedule_retry(
+        self,
+        *,
+        step_id: str,
+        attempt: int,
+        info: dict[str, Any],
+        delay: float,
+        timed_out: bool,
+    ) -> None:
+        """Journal a failed attempt that will be retried in ``delay`` seconds (DB time).
+
+        ``info`` is the error description journaled on the step; the event is
+        ``step_timed_out`` for a timeout, else ``step_retry_scheduled``.
+
+        Raises:
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+        """
+
+        async def schedule(conn: AsyncConnection) -> None:
+            await steps_q.finish_attempt(
+                conn,
+                run_id=self.run_id,
+                step_id=step_id,
+                status=StepStatus.RETRY_WAIT,
+                output=None,
+                error=json.dumps(info),
+                fence=self.fence,
+                retry_in=delay,
+            )
+            await events_q.append(
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                kind=EventKind.STEP_TIMED_OUT if timed_out else EventKind.STEP_RETRY_SCHEDULED,
+                step_id=step_id,
+                data={
+                    "attempt": attempt,
+                    "error_type": info["type"],
+                    "message": info["message"][:500],
+                    "retry_in_seconds": delay,
+                },
+            )
+
+        await self.write(schedule)
+
+    async def fail_step(
+        self,
+        *,
+        step_id: str,
+        status: StepStatus,
+        reason: RunReason,
+        info: dict[str, Any],
+        attempt: int,
+    ) -> None:
+        """Journal a step that gave up (``failed`` / ``timed_out``) with ``step_failed``.
+
+        ``info`` already carries ``reason`` and ``attempts`` (the executor adds them).
+
+        Raises:
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+        """
+
+        async def fail(conn: AsyncConnection) -> None:
+            await steps_q.finish_attempt(
+                conn,
+                run_id=self.run_id,
+                step_id=step_id,
+                status=status,
+                output=None,
+                error=json.dumps(info),
+                fence=self.fence,
+            )
+            await events_q.append(
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                kind=EventKind.STEP_FAILED,
+                step_id=step_id,
+                data={
+                    "attempt": attempt,
+                    "reason": reason.value,
+                    "error_type": info["type"],
+                    "message": str(info["message"])[:500],
+                },
+            )
+
+        await self.write(fail)
+
+    # --- compensation -------------------------------------------------------------------
+
+    async def begin_compensation(self, *, reason: RunReason, error: dict[str, Any] | None) -> None:
+        """Mark the run ``compensating``, keeping the failure being undone on the row.
+
+        Raises:
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+        """
+        error_text = None if error is None else json.dumps(error)
+
+        async def mark(conn: AsyncConnection) -> None:
+            await runs_q.begin_compensation(
+                conn, run_id=self.run_id, fence=self.fence, reason=reason.value, error=error_text
+            )
+
+        await self.write(mark)
+
+    async def compensation_done(self, *, step_id: str, status: StepStatus) -> None:
+        """Record how the undo of step ``step_id`` ended (``compensated`` / ``..._failed``).
+
+        Raises:
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+        """
+
+        async def record(conn: AsyncConnection) -> None:
+            await steps_q.set_status(conn, run_id=self.run_id, step_id=step_id, status=status)
+
+        await self.write(record)
+
+    # --- the outcome --------------------------------------------------------------------
+
+    async def settle(self, outcome: Outcome) -> None:
+        """Persist what the execution came to, under the fence, in one write.
+
+        ``Completed``: the output and ``run_completed``. ``Failed``: the terminal status
+        and its event, unfinished branches cancelled, a dead letter for ``failed``.
+        ``Suspended``: the release with its due time and ``run_released``, made due at
+        once if a wake check finds the wait satisfied already (the run row is locked by
+        the release, so a signal or decision that raced it is seen). A terminal outcome
+        writes the run's webhook deliveries, hands its concurrency slot to the oldest
+        waiter and wakes a joined parent, in the same transaction. A completion with no
+        slot and no parent is one statement on PostgreSQL
+        (:func:`app.db.queries.checkpoints.commit`).
+
+        Faults are not turned into ``CheckpointFault`` here: the caller gives the run
+        back on any classified fault alike.
+
+        Raises:
+            LeaseLost: the fence moved; nothing was written.
+        """
+        run = self.run
+        run_id, tenant_id, fence = self.run_id, self.tenant_id, self.fence
+
+        async def write(conn: AsyncConnection) -> None:
+            # Re-run whole after a conflict: nothing outside the database changes in here.
+            if isinstance(outcome, Completed):
+                await runs_q.finish_run(
+                    conn,
+                    run_id=run_id,
+                    fence=fence,
+                    status=RunStatus.COMPLETED,
+                    reason="succeeded",
+                    output=outcome.output,
+                    error=None,
+                )
+                await events_q.append(
+                    conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_COMPLETED
+                )
+            elif isinstance(outcome, Failed):
+                await self._failed_rows(conn, outcome)
+            else:
+                await self._released_rows(conn, outcome)
+            if isinstance(outcome, Suspended):
+                return
+            # Its webhook deliveries are written with the terminal state (app/engine/webhooks.py).
+            await webhooks.run_became_terminal(conn, run_id)
+            # The run's concurrency slot goes to its key's oldest waiter, in this same
+            # transaction (app/engine/slots.py).
+            if await slots.release(conn, run):
+                await notify(conn)
+            # A parent joined on this child waits for exactly this moment.
+            if run["parent_run_id"] is not None and await runs_q.wake_parent(
+                conn, parent_run_id=run["parent_run_id"]
+            ):
+                await notify(conn)
+
+        async def complete_alone(conn: AsyncConnection) -> None:
+            assert isinstance(outcome, Completed)
+            await checkpoints_q.complete_run(
+                conn, run_id=run_id, fence=fence, output=outcome.output
+            )
+
+        # Nothing else changes with this outcome: one self-fencing statement where allowed.
+        alone = (
+            complete_alone
+            if isinstance(outcome, Completed)
+            and run["concurrency_slot"] is None
+            and run["parent_run_id"] is None
+            else None
+        )
+        await checkpoints_q.commit(self.db, write, statement=alone, what="run outcome")
+        story_log.run_outcome(outcome)
+        if isinstance(outcome, Completed):
+            metrics.RUNS_FINISHED.labels(run["workflow"], "completed", "succeeded").inc()
+        elif isinstance(outcome, Failed):
+            metrics.RUNS_FINISHED.labels(
+                run["workflow"], outcome.status.value, outcome.reason.value
+            ).inc()
+
+    async def _failed_rows(self, conn: AsyncConnection, outcome: Failed) -> None:
+        run_id, tenant_id = self.run_id, self.tenant_id
+        error = outcome.error or {}
+        error_text = None if outcome.error is None else json.dumps(outcome.error)
+        await runs_q.finish_run(
+            conn,
+            run_id=run_id,
+            fence=self.fence,
+            status=outcome.status,
+            reason=outcome.reason.value,
+            output=None,
+            error=error_text,
+        )
+        # Branches still mid-attempt when the body ended were cancelled: by the cancel
+        # request the run was carrying out, else by the run's failure.
+        if (
+            outcome.reason == RunReason.CANCELED_BY_REQUEST
+            or self.run["status"] == RunStatus.CANCELLING.value
+        ):
+            await steps_q.cancel_running(conn, run_id)
+        else:
+            failed_at = error.get("step_id")
+            await steps_q.cancel_running(
+                conn,
+                run_id,
+                RunReason.CANCELED_BY_FAILURE,
+                f"cancelled: the run failed ({outcome.reason.value}"
+                + (f" at step {failed_at!r}" if failed_at else "")
+                + ") while this step was unfinished",
+            )
+        kind = {
+            RunStatus.CANCELLED: EventKind.RUN_CANCELLED,
+            RunStatus.COMPENSATED: EventKind.RUN_COMPENSATED,
+        }.get(outcome.status, EventKind.RUN_FAILED)
+        await events_q.append(
+            conn,
+            run_id=run_id,
+            tenant_id=tenant_id,
+            kind=kind,
+            data={
+                "reason": outcome.reason.value,
+                "error_type": error.get("type"),
+                "message": str(error.get("message", ""))[:500],
+                # Authorization failures say why: tenant suspended or key revoked.
+                **(
+                    {"cause": error.get("cause")}
+                    if outcome.reason == RunReason.FAILURE_AUTHORIZATION
+                    else {}
+                ),
+            },
+        )
+        if outcome.status == RunStatus.FAILED:
+            dl_id = await dl_q.insert_dead_letter(
+                conn,
+                run_id=run_id,
+                tenant_id=tenant_id,
+                workflow=self.run["workflow"],
+                reason=outcome.reason.value,
+                error=error_text,
+            )
+            await events_q.append(
+                conn,
+                run_id=run_id,
+                tenant_id=tenant_id,
+                kind=EventKind.DEAD_LETTER_WRITTEN,
+                data={"dead_letter_id": str(dl_id)},
+            )
+
+    async def _released_rows(self, conn: AsyncConnection, outcome: Suspended) -> None:
+        await runs_q.release_run(
+            conn,
+            run_id=self.run_id,
+            fence=self.fence,
+            status=outcome.status,
+            delay=outcome.delay,
+            waiting_kind=outcome.waiting_kind,
+            waiting_name=outcome.waiting_name,
+        )
+        await events_q.append(
+            conn,
+            run_id=self.run_id,
+            tenant_id=self.tenant_id,
+            kind=EventKind.RUN_RELEASED,
+            data={
+                "status": outcome.status.value,
+                "resume_in_seconds": outcome.delay,
+                "waiting_on": outcome.waiting_kind,
+                "name": outcome.waiting_name,
+            },
+        )
+        # The row is locked by the release above: a signal or decision that arrived while
+        # we were releasing is seen here, and the run stays due.
+        for check in outcome.wake_checks:
+            if await check(conn):
+                await runs_q.make_due(conn, run_id=self.run_id)
+                break
+
+    async def give_back(self, *, why: str = "worker draining", delay: float = 0.0) -> bool:
+        """Release the run ``queued`` (drain: at once; after a database fault: ``delay`` s).
+
+        Attempts it interrupted are reset, not counted: another worker (or this one) may
+        claim the run when ``delay`` has passed. On the lease pool, like heartbeats: a
+        drain or a fault's give-back must not queue behind steps holding the main pool.
+        Never raises: a lease already gone, or a release that cannot be written, leaves
+        the run to its lease's expiry.
+
+        Returns:
+            True if the release was written.
+        """
+
+        async def release(conn: AsyncConnection) -> None:
+            # Fenced first: if the lease is gone this raises and nothing is touched.
+            await runs_q.release_run(
+                conn, run_id=self.run_id, fence=self.fence, status=RunStatus.QUEUED, delay=delay
+            )
+            await steps_q.reset_interrupted(conn, self.run_id)
+            await events_q.append(
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                kind=EventKind.RUN_RELEASED,
+                data={"status": RunStatus.QUEUED.value, "why": why},
+            )
+
+        try:
+            await checkpoints_q.commit(self.db, release, what="release", pool="lease")
+        except LeaseLost:
+            return False
+        except Exception as exc:  # noqa: BLE001 - the lease will expire instead
+            log.warning(
+                "release failed",
+                worker_id=self.worker_id,
+                run_id=str(self.run_id),
+                error=str(exc)[:300],
+            )
+            return False
+        story_log.given_back(why, delay)
+        return True
+
+
+async def load_entries(db: Database, row: RowMapping) -> Sequence[RowMapping]:
+    """The journal a claimed run replays (its ``steps`` rows), read only when it has one.
+
+    Steps are journaled only by an execution under a claim, and the claim bumps
+    ``attempt``: a run's first claim has nothing to replay, so a fresh run skips this
+    read (one transaction per run on the hot path). A rerun is the exception: it starts
+    with its original's prefix (docs/adr/0022-rerun-from-a-step.md).
+    """
+    if int(row["attempt"]) <= 1 and row.get("rerun_of") is None:
+        return ()
+    async with db.read() as conn:
+        return await steps_q.load_journal(conn, row["run_id"])
