@@ -6,8 +6,9 @@ import uuid
 from datetime import datetime
 from typing import Annotated, Any, Literal
 
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
+from pydantic import AfterValidator, AwareDatetime, BaseModel, ConfigDict, Field, StringConstraints
 
+from app.api.instants import in_utc_range
 from app.core.status import RunReason, RunStatus
 from app.engine.batches import MAX_RUN_IDS
 
@@ -30,8 +31,8 @@ class BulkFilter(BaseModel):
     status: RunStatus | None = None
     reason: RunReason | None = None
     version: str | None = Field(default=None, max_length=64)
-    created_after: AwareDatetime | None = None
-    created_before: AwareDatetime | None = None
+    created_after: Annotated[AwareDatetime, AfterValidator(in_utc_range)] | None = None
+    created_before: Annotated[AwareDatetime, AfterValidator(in_utc_range)] | None = None
     finished_after: AwareDatetime | None = None
     finished_before: AwareDatetime | None = None
     idempotency_key: str | None = Field(default=None, max_length=255)

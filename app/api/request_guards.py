@@ -27,6 +27,7 @@ import asyncio
 import codecs
 import email.message
 import json
+import sys
 from typing import Any
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -133,6 +134,14 @@ def check_json_body(body: bytes) -> str | None:
         return f"request body is not valid JSON: {exc.msg} (line {exc.lineno}, column {exc.colno})"
     except RecursionError:
         return None
+    except ValueError:
+        # Python refuses to convert an integer of more digits than
+        # sys.get_int_max_str_digits() (4300; conversion is quadratic, CVE-2020-10735):
+        # valid JSON we cannot read, refused here rather than failing the route (500).
+        return (
+            "request body has an integer of more than "
+            f"{sys.get_int_max_str_digits()} digits; send it as a string"
+        )
     return None
 
 

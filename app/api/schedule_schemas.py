@@ -8,6 +8,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
+from app.api.instants import Instant
 from app.api.schemas import WorkflowName, _printable
 from app.engine.schedules import MAX_CATCHUP_WINDOW_SECONDS, MAX_JITTER_SECONDS
 
@@ -38,7 +39,7 @@ class CreateScheduleRequest(BaseModel):
     )
     cron: CronText | None = Field(default=None, description=_CRON_DOC)
     timezone: ZoneName = Field(default="UTC", description="IANA time zone of `cron`.")
-    at: datetime | None = Field(
+    at: Instant | None = Field(
         default=None, strict=False, description="One-off fire time (with a timezone)."
     )
     overlap: OverlapPolicy = Field(
@@ -68,7 +69,7 @@ class UpdateScheduleRequest(BaseModel):
     version: VersionText | None = None
     cron: CronText | None = None
     timezone: ZoneName | None = None
-    at: datetime | None = Field(default=None, strict=False)
+    at: Instant | None = Field(default=None, strict=False)
     overlap: OverlapPolicy | None = None
     catchup_window_seconds: CatchupWindow | None = None
     jitter_seconds: Jitter | None = None

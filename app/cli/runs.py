@@ -142,12 +142,22 @@ def read_batch_file(path: str) -> list[Any]:
     except OSError as exc:
         fail(f"FILE: cannot read {path!r}: {exc.strerror}")
     stripped = raw.strip()
-    try:
-        if stripped.startswith("["):
+    if stripped.startswith("["):
+        try:
             return list(json.loads(stripped))
-        return [json.loads(line) for line in stripped.splitlines() if line.strip()]
-    except ValueError as exc:
-        fail(f"FILE is neither a JSON array nor JSON lines: {exc}")
+        except ValueError as exc:
+            fail(f"FILE is neither a JSON array nor JSON lines: {exc}")
+    items: list[Any] = []
+    for number, line in enumerate(stripped.splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            items.append(json.loads(line))
+        except ValueError as exc:
+            # The file's own line number: each line is parsed alone, so the parser's
+            # position is always line 1.
+            fail(f"FILE is neither a JSON array nor JSON lines: line {number}: {exc}")
+    return items
 
 
 @runs_app.command("submit-batch")

@@ -262,9 +262,14 @@ def submit_call(
     return Call("POST", "/runs", body=body)
 
 
-def submit_batch_call(runs: Sequence[Mapping[str, Any]]) -> Call:
-    """``POST /runs:batch``: each item a ``POST /runs`` body (``workflow``, ``input``, …)."""
-    return Call("POST", "/runs:batch", body={"runs": [dict(r) for r in runs]})
+def submit_batch_call(runs: Sequence[Mapping[str, Any] | Any]) -> Call:
+    """``POST /runs:batch``: each item a ``POST /runs`` body (``workflow``, ``input``, …).
+
+    An item that is not a mapping is sent as it is: the API answers that item alone
+    with ``422 invalid_request`` (docs/api.md), as it would any malformed item.
+    """
+    items = [dict(r) if isinstance(r, Mapping) else r for r in runs]
+    return Call("POST", "/runs:batch", body={"runs": items})
 
 
 def result_call(run_id: str | uuid.UUID, wait: float, timeout: float) -> Call:

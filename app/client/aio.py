@@ -205,12 +205,13 @@ class AsyncTreadleClient:
         )
         return await self._model(call, Run)
 
-    async def submit_batch(self, runs: Sequence[Mapping[str, Any]]) -> SubmittedBatch:
+    async def submit_batch(self, runs: Sequence[Mapping[str, Any] | Any]) -> SubmittedBatch:
         """Submit many runs in one request and transaction (``POST /runs:batch``).
 
         Args:
             runs: 1..1,000 ``POST /runs`` bodies (``{"workflow": …, "input": …,
-                "idempotency_key": …}``, the same fields as :meth:`submit`).
+                "idempotency_key": …}``, the same fields as :meth:`submit`); an item that
+                is not a mapping is sent as it is and answered 422 on its own.
 
         Returns:
             Per-item results in request order; failed items (``status`` ≥ 400) carry their

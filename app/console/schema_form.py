@@ -12,6 +12,7 @@ module only turns form text into JSON (docs/console.md, "Start a run").
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -184,16 +185,40 @@ def typed_values(form: FormData, fields: list[FormField] | None) -> dict[str, st
 
 def _number(text: str, integer: bool) -> Any:
     # Text that is no number goes to the API as the string it is: the API's schema
-    # validation then names the field and says what it wanted.
+    # validation then names the field and says what it wanted. So does a number JSON
+    # cannot carry (nan, inf, 1e999) or Python will not convert (over 4300 digits):
+    # it would otherwise fail the request's own encoding (500).
     try:
         return int(text)
     except ValueError:
         if integer:
             return text
     try:
-        return float(text)
+        number = float(text)
     except ValueError:
         return text
+    return number if math.isfinite(number) else text
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def _parse_json(text: str, what: str) -> Any:
+    """``text`` decoded as strict JSON (no NaN/Infinity), or a FormInputError naming ``what``."""
+    try:
+        return json.loads(text, parse_constant=_refuse_constant)
+    except json.JSONDecodeError as exc:
+        raise FormInputError(
+            f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
+            f"{exc.msg}); nothing was submitted."
+        ) from None
+    except ValueError:
+        # A NaN/Infinity constant, or an integer past Python's digit limit.
+        raise FormInputError(
+            f"{what} holds a number JSON cannot carry (NaN, Infinity, or an integer of "
+            "thousands of digits); nothing was submitted."
+        ) from None
 
 
 def build_input(values: dict[str, str], fields: list[FormField] | None) -> Any:
@@ -209,13 +234,7 @@ def build_input(values: dict[str, str], fields: list[FormField] | None) -> Any:
         text = values.get(WHOLE, "").strip()
         if not text:
             return None
-        try:
-            return json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise FormInputError(
-                f"The input is not valid JSON (line {exc.lineno}, column {exc.colno}: "
-                f"{exc.msg}); nothing was submitted."
-            ) from None
+        return _parse_json(text, "The input")
     out: dict[str, Any] = {}
     for f in fields:
         text = values.get(f.input_name, "")
@@ -230,11 +249,5 @@ def build_input(values: dict[str, str], fields: list[FormField] | None) -> Any:
         elif f.kind == "boolean":
             out[f.name] = {"true": True, "false": False}.get(text, text)
         else:
-            try:
-                out[f.name] = json.loads(text)
-            except json.JSONDecodeError as exc:
-                raise FormInputError(
-                    f"{f.label} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
-                    f"{exc.msg}); nothing was submitted."
-                ) from None
+            out[f.name] = _parse_json(text, f.label)
     return out

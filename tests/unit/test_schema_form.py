@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
 from app.console import schema_form as sf
@@ -78,3 +80,27 @@ def test_ref_loops_do_not_hang() -> None:
     }
     fields = sf.fields_for(schema)
     assert fields is not None and fields[0].kind == "json"
+
+
+@pytest.mark.parametrize("typed", ["nan", "NaN", "inf", "-Infinity", "1e999", "9" * 5000])
+def test_numbers_json_cannot_carry_go_to_the_api_as_typed(typed: str) -> None:
+    # Encoding them would fail the request (500): sent as text, the API's schema check
+    # refuses the field by name instead.
+    fields = sf.fields_for(FormInput.model_json_schema())
+    assert fields is not None
+    names = {f.name: f.input_name for f in fields}
+    for field in ("ratio", "count"):
+        built = sf.build_input({names[field]: typed}, fields)
+        assert built == {field: typed}
+        json.dumps(built, allow_nan=False)  # the client's encoding of it cannot fail
+
+
+@pytest.mark.parametrize("text", ["NaN", "[Infinity]", '{"x": -Infinity}', "9" * 5000])
+def test_json_textareas_refuse_what_json_cannot_carry(text: str) -> None:
+    fields = sf.fields_for(FormInput.model_json_schema())
+    assert fields is not None
+    names = {f.name: f.input_name for f in fields}
+    with pytest.raises(sf.FormInputError, match="nothing was submitted"):
+        sf.build_input({sf.WHOLE: text}, None)
+    with pytest.raises(sf.FormInputError, match=r"^Tags holds a number JSON cannot carry"):
+        sf.build_input({names["tags"]: text}, fields)

@@ -1,0 +1,117 @@
+"""Values at the edges of what Python can hold get a clear 4xx and store nothing.
+
+Found by a black-box session, each a 500 before: an integer of more digits than Python
+converts (4,300) in any JSON body; an aware datetime at the ends of the calendar whose
+UTC value does not exist (``0001-01-01T00:00:00+23:59``) in a schedule's ``at`` or a bulk
+action's filter. Each kind is sent to every endpoint that takes it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from pydantic import BaseModel
+from sqlalchemy import func, select
+
+from app.core.settings import Settings
+from app.db.database import Database
+from app.db.tables import inbound_events, runs, schedules
+from app.engine.registry import Registry
+from app.sdk import WorkflowContext, workflow
+from tests.integration.support import api_client
+
+TENANT = "edge"
+HUGE = "9" * 5000
+EDGES = ("0001-01-01T00:00:00+23:59", "9999-12-31T23:59:59-23:59")
+
+
+class In(BaseModel):
+    """Any input."""
+
+    model_config = {"extra": "allow"}
+
+
+@workflow("edge-plain")
+async def plain(ctx: WorkflowContext, input: In) -> None:
+    """Never executed here."""
+
+
+async def _counts(db: Database) -> tuple[int, int, int]:
+    async with db.read() as conn:
+        got = []
+        for table in (runs, inbound_events, schedules):
+            got.append(
+                int((await conn.execute(select(func.count()).select_from(table))).scalar_one())
+            )
+    return got[0], got[1], got[2]
+
+
+async def _register(db: Database) -> None:
+    async with db.write() as conn:
+        await Registry([plain]).register(conn)
+
+
+@pytest.mark.parametrize(
+    ("path", "body"),
+    [
+        ("/runs", '{"workflow": "edge-plain", "input": {"x": %s}}'),
+        ("/runs:batch", '{"runs": [{"workflow": "edge-plain", "input": {"x": %s}}]}'),
+        ("/events", '{"name": "edge.happened", "data": {"x": %s}}'),
+        (
+            "/schedules",
+            '{"name": "s", "workflow": "edge-plain", "input": {"x": %s}, "cron": "0 0 * * *"}',
+        ),
+    ],
+)
+async def test_an_integer_past_the_digit_limit_is_400(
+    settings: Settings, db: Database, path: str, body: str
+) -> None:
+    await _register(db)
+    before = await _counts(db)
+    async with api_client(settings, db, TENANT) as api:
+        answer = await api.post(
+            path, content=body % HUGE, headers={"Content-Type": "application/json"}
+        )
+        assert answer.status_code == 400, answer.text
+        problem = answer.json()
+        assert problem["code"] == "malformed_json"
+        assert "4300 digits" in problem["detail"] and "string" in problem["detail"]
+        # The same number as a string is an ordinary value.
+        fine = await api.post(
+            path, content=body % f'"{HUGE}"', headers={"Content-Type": "application/json"}
+        )
+        assert fine.status_code < 300, fine.text
+    after = await _counts(db)
+    assert sum(after) == sum(before) + 1
+
+
+@pytest.mark.parametrize("edge", EDGES)
+async def test_an_instant_without_a_utc_value_is_422(
+    settings: Settings, db: Database, edge: str
+) -> None:
+    await _register(db)
+    before = await _counts(db)
+    async with api_client(settings, db, TENANT) as api:
+        created = await api.post(
+            "/schedules", json={"name": "once", "workflow": "edge-plain", "at": edge}
+        )
+        assert created.status_code == 422, created.text
+        assert created.json()["code"] == "invalid_request"
+        assert "years 1 to 9999" in created.text
+        ok = await api.post(
+            "/schedules",
+            json={"name": "later", "workflow": "edge-plain", "at": "2999-01-01T00:00:00Z"},
+        )
+        assert ok.status_code == 201, ok.text
+        patched = await api.patch(f"/schedules/{ok.json()['schedule_id']}", json={"at": edge})
+        assert patched.status_code == 422, patched.text
+        for verb in ("cancel", "retry"):
+            for bound in ("created_after", "created_before"):
+                body: dict[str, Any] = {"filter": {bound: edge}, "dry_run": True}
+                if verb == "retry":
+                    body["reason"] = "edge"
+                bulk = await api.post(f"/runs:{verb}", json=body)
+                assert bulk.status_code == 422, (verb, bound, bulk.text)
+                assert "years 1 to 9999" in bulk.text
+    assert await _counts(db) == (before[0], before[1], before[2] + 1)
