@@ -115,3 +115,31 @@ async def test_an_instant_without_a_utc_value_is_422(
                 assert bulk.status_code == 422, (verb, bound, bulk.text)
                 assert "years 1 to 9999" in bulk.text
     assert await _counts(db) == (before[0], before[1], before[2] + 1)
+
+
+@pytest.mark.parametrize(
+    "query",
+    [
+        "status=failed&status=completed",
+        "workflow=a&workflow=b",
+        "limit=5&limit=6",
+        "label.region=eu&label.region=us",
+        "waiting_on=bogus",
+        "waiting_on=aproval",
+        "waiting_on=Signal",
+    ],
+)
+async def test_list_filters_refuse_repeats_and_unknown_wait_kinds(
+    settings: Settings, db: Database, query: str
+) -> None:
+    async with api_client(settings, db, TENANT) as api:
+        listed = await api.get(f"/runs?{query}")
+        assert listed.status_code == 422, listed.text
+        name = query.split("=")[0]
+        assert any(name in e["path"] for e in listed.json()["errors"]), listed.text
+        if "status" not in query and "limit" not in query:
+            counted = await api.get(f"/runs/counts?{query}")
+            assert counted.status_code == 422, counted.text
+        for kind in ("retry", "timer", "signal:go", "approval:a", "event:x.y", "child", "pause"):
+            fine = await api.get("/runs", params={"waiting_on": kind})
+            assert fine.status_code == 200, (kind, fine.text)

@@ -312,12 +312,15 @@ VersionFilter = Annotated[
         description="Only runs of this definition version.",
     ),
 ]
+WAIT_KINDS = ("retry", "timer", "signal", "approval", "event", "child", "pause")
+"""The kinds a released run's ``waiting_on`` names (``PendingWait.kind`` in app/engine)."""
+
 WaitingOnFilter = Annotated[
     str | None,
     Query(
         min_length=1,
         max_length=240,
-        pattern=r"^[a-z_]{1,32}(:[^\x00-\x1f\x7f]{1,200})?$",
+        pattern=rf"^({'|'.join(WAIT_KINDS)})(:[^\x00-\x1f\x7f]{{1,200}})?$",
         description="Only runs waiting on this: `<kind>` or `<kind>:<name>` (e.g. "
         "`signal:payment`, `approval:manager`, `timer`), as in the run's `waiting_on`.",
     ),
@@ -367,14 +370,17 @@ def _label_filters(request: Request, *, counts: bool) -> tuple[LabelFilter, ...]
                 "or label.<key>",
                 errors=[{"path": f"query.{name[:80]}", "message": "unknown filter"}],
             )
+    for name in request.query_params:
+        # Every parameter takes one value: a repeated one used to keep only the last
+        # (``status=failed&status=completed`` listed completed runs), silently.
+        if len(request.query_params.getlist(name)) > 1:
+            raise InvalidInput(
+                f"filter {name[:80]!r} is given more than once; it takes one value",
+                errors=[{"path": f"query.{name[:80]}", "message": "repeated"}],
+            )
     for name, raw in request.query_params.multi_items():
         if not name.startswith("label."):
             continue
-        if len(request.query_params.getlist(name)) > 1:
-            raise InvalidInput(
-                f"filter {name[:80]!r} is given more than once (a run has one value per key)",
-                errors=[{"path": f"query.{name[:80]}", "message": "repeated"}],
-            )
         found.append(parse_label_filter(name, raw))
     if len(found) > MAX_LABELS:
         raise InvalidInput(
