@@ -143,3 +143,34 @@ async def test_list_filters_refuse_repeats_and_unknown_wait_kinds(
         for kind in ("retry", "timer", "signal:go", "approval:a", "event:x.y", "child", "pause"):
             fine = await api.get("/runs", params={"waiting_on": kind})
             assert fine.status_code == 200, (kind, fine.text)
+
+
+async def test_a_non_ascii_idempotency_key_header_is_read_as_utf8(
+    settings: Settings, db: Database
+) -> None:
+    await _register(db)
+    async with api_client(settings, db, TENANT) as api:
+        raw = {b"Idempotency-Key": "café-☕".encode(), b"Content-Type": b"application/json"}
+        body = b'{"workflow": "edge-plain", "input": {}}'
+        first = await api.post("/runs", content=body, headers=raw)
+        assert first.status_code == 201, first.text
+        assert first.json()["idempotency_key"] == "café-☕"
+        # The same key in the body is the same request.
+        again = await api.post(
+            "/runs", json={"workflow": "edge-plain", "input": {}, "idempotency_key": "café-☕"}
+        )
+        assert again.status_code == 200 and again.json()["run_id"] == first.json()["run_id"]
+        both = await api.post(
+            "/runs",
+            content=b'{"workflow": "edge-plain", "input": {}, '
+            b'"idempotency_key": "caf\\u00e9-\\u2615"}',
+            headers=raw,
+        )
+        assert both.status_code == 200, both.text
+        bad = await api.post(
+            "/runs",
+            content=body,
+            headers={b"Idempotency-Key": b"caf\xe9", b"Content-Type": b"application/json"},
+        )
+        assert bad.status_code == 422, bad.text
+        assert "UTF-8" in bad.json()["detail"]

@@ -135,12 +135,16 @@ async def submit_run(
     key = body.idempotency_key
     if idempotency_key_header is not None:
         try:
+            # Starlette decodes header bytes as Latin-1; a client sends text as UTF-8
+            # (curl, httpx, browsers), so "café" would be stored as "cafÃ©" and never
+            # match the same key sent in the body. Bytes that are not UTF-8 are refused.
+            header_text = idempotency_key_header.encode("latin-1").decode("utf-8")
             header_key = schemas.SubmitRunRequest.model_validate(
-                {"workflow": body.workflow, "idempotency_key": idempotency_key_header}
+                {"workflow": body.workflow, "idempotency_key": header_text}
             ).idempotency_key
-        except ValidationError:
+        except (UnicodeError, ValidationError):
             raise InvalidInput(
-                "Idempotency-Key header must be 1..255 printable characters",
+                "Idempotency-Key header must be 1..255 printable characters of UTF-8",
                 errors=[{"path": "header.Idempotency-Key", "message": "invalid"}],
             ) from None
         if key is not None and key != header_key:
