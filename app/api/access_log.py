@@ -39,7 +39,26 @@ def route_template(scope: Scope) -> str:
     values bounded.
     """
     route: Any = scope.get("route")
-    return getattr(route, "path", None) or "unmatched"
+    path = getattr(route, "path", None)
+    if not isinstance(path, str) or not path:
+        return "unmatched"
+    # FastAPI 0.16x leaves the router's own route in the scope, without the prefix it
+    # was included under (``/ui`` for the console), so console and API pages sharing a
+    # template (``/runs/{run_id}``) would be counted as one; older versions put the
+    # prefixed route there. The prefix is what precedes the part of the path the
+    # template matches: static text of our own routing, never an id.
+    regex = getattr(route, "path_regex", None)
+    request_path = scope.get("path", "")
+    if regex is None or not isinstance(request_path, str) or regex.match(request_path):
+        return path
+    parts = request_path.split("/")
+    cut = len(parts) - path.count("/")
+    if cut <= 1:
+        return path
+    prefix = "/".join(parts[:cut])
+    if regex.match(request_path[len(prefix) :]):
+        return prefix + path
+    return path
 
 
 def request_id_of(scope: Scope) -> str:
