@@ -13,7 +13,7 @@ from fastapi.responses import Response
 
 from app.client import TreadleAPIError
 from app.console.sessions import Session, flash
-from app.console.web import Client, CsrfForm, api_message, form_text, redirect, render
+from app.console.web import Client, CsrfForm, api_message, confirm_page, form_text, redirect, render
 
 router = APIRouter()
 
@@ -54,9 +54,9 @@ async def decide(request: Request, session: Session, api: Client, form: CsrfForm
         return redirect(INBOX)
     button = "Approve" if decision == "approve" else "Reject"
     if form_text(form, "confirm") != "yes":
-        return await render(
+        return await confirm_page(
             request,
-            "confirm.html",
+            session,
             {
                 "title": f"{button} this approval?",
                 "message": f"{button} approval {step_id!r} of run {run_id}"
@@ -73,7 +73,6 @@ async def decide(request: Request, session: Session, api: Client, form: CsrfForm
                 "back": INBOX,
                 "preview": None,
             },
-            session=session,
             show_flash=False,
         )
     try:

@@ -13,6 +13,7 @@ from app.console.web import (
     Client,
     CsrfForm,
     api_message,
+    confirm_page,
     form_text,
     page_limit,
     query_string,
@@ -81,9 +82,9 @@ async def requeue(
         back = "/ui/dead-letters"
     action = f"/ui/dead-letters/{quote_segment(dead_letter_id)}/requeue"
     if form_text(form, "confirm") != "yes":
-        return await render(
+        return await confirm_page(
             request,
-            "confirm.html",
+            session,
             {
                 "title": "Requeue dead letter",
                 "message": f"Requeue dead letter {dead_letter_id}? Its run re-runs from "
@@ -99,7 +100,6 @@ async def requeue(
                 "button": "Requeue",
                 "back": back,
             },
-            session=session,
         )
     try:
         done = await api.requeue(

@@ -20,7 +20,7 @@ from starlette.datastructures import FormData
 from app.client import AsyncTreadleClient, RunReport, TreadleAPIError, quote_segment
 from app.console import graph
 from app.console.sessions import ConsoleSession, Session, flash
-from app.console.web import Client, CsrfForm, api_message, form_text, redirect, render
+from app.console.web import Client, CsrfForm, api_message, confirm_page, form_text, redirect, render
 from app.core.status import TRANSITION_STEP_PREFIX, RunStatus
 
 router = APIRouter()
@@ -143,9 +143,9 @@ async def _confirm(
     back: str,
     preview: str | None = None,
 ) -> Response:
-    return await render(
+    return await confirm_page(
         request,
-        "confirm.html",
+        session,
         {
             "title": title,
             "message": message,
@@ -155,7 +155,6 @@ async def _confirm(
             "back": back,
             "preview": preview,
         },
-        session=session,
         show_flash=False,
     )
 

@@ -18,6 +18,7 @@ from app.console.web import (
     Client,
     CsrfForm,
     api_message,
+    confirm_page,
     form_text,
     page_limit,
     query_string,
@@ -136,9 +137,9 @@ async def schedule_action(
     button, operation, message = ACTIONS[action]
     name = form_text(form, "name", max_chars=300) or schedule_id
     if form_text(form, "confirm") != "yes":
-        return await render(
+        return await confirm_page(
             request,
-            "confirm.html",
+            session,
             {
                 "title": button,
                 "message": message.format(name=name),
@@ -147,7 +148,7 @@ async def schedule_action(
                 "button": button,
                 "back": page,
             },
-            session=session,
+            display_only=("name",),  # the action is by id; the name labels the question
         )
     try:
         result = await api.request("POST", f"/schedules/{quote_segment(schedule_id)}/{operation}")

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Collection, Mapping
 from pathlib import Path
 from typing import Annotated, Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -169,6 +169,41 @@ def query_string(filters: Mapping[str, str], **changes: str) -> str:
     """
     values = {**filters, **changes}
     return urlencode({k: v for k, v in values.items() if v})
+
+
+async def confirm_page(
+    request: Request,
+    session: ConsoleSession,
+    context: Mapping[str, Any],
+    *,
+    show_flash: bool = True,
+    display_only: Collection[str] = (),
+) -> HTMLResponse:
+    """Every action's confirmation step (``confirm.html``): its ``fields`` post back as is.
+
+    ``display_only`` names fields that only label the confirmation (a schedule's name)
+    and are never sent to the API: an escaped copy of those is harmless.
+
+    Pages escape invisible characters (``printable``), hidden inputs included, so a field
+    holding one (NUL, a bidi override) would come back from the confirmation as the
+    text ``\u0000`` and be acted on with it, where the API refuses the original with 422.
+    Such a field is refused here instead (422, naming it): nothing is done.
+    """
+    for name, value in context.get("fields", ()):
+        if name not in display_only and printable(value, keep="\n\t\r") != value:
+            return await render(
+                request,
+                "error.html",
+                {
+                    "title": "Nothing was done",
+                    "message": f"The {name.replace('_', ' ')} holds control or invisible "
+                    "characters (NUL, bidi overrides, …): remove them and try again.",
+                    "code": "invalid_input",
+                },
+                session=session,
+                status_code=422,
+            )
+    return await render(request, "confirm.html", context, session=session, show_flash=show_flash)
 
 
 def form_text(form: FormData, name: str, *, max_chars: int = 100_000) -> str:

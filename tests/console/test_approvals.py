@@ -136,13 +136,28 @@ def test_inbox_lists_only_decidable_approvals_and_decides_them(console: ConsoleS
     assert "Dead letters" in run_page.text and "pending" in run_page.text
     assert anyone not in b.get("/ui/approvals").text
 
-    # A comment the API refuses (control character): its message, nothing decided.
+    # A comment with a control character: refused at the confirmation (a page could
+    # only carry it back escaped), nothing decided.
     legal_c = c.browser(carol)
     odd = legal_c.act(
         "/ui/approvals/decide",
         {"run_id": legal, "step_id": legal_step, "decision": "approve", "comment": "a\x01b"},
+        confirm=False,
     )
-    assert legal_c.flash_after(odd).startswith("Refused: ")
+    assert odd.status_code == 422 and "invisible characters" in alerts(odd.text)[0]
+    # Sent straight to the action anyway (no confirmation): the API's refusal, shown.
+    forced = legal_c.post(
+        "/ui/approvals/decide",
+        {
+            "run_id": legal,
+            "step_id": legal_step,
+            "decision": "approve",
+            "comment": "a\x01b",
+            "csrf_token": legal_c.csrf(),
+            "confirm": "yes",
+        },
+    )
+    assert legal_c.flash_after(forced).startswith("Refused: ")
     assert c.wait_status(legal, "waiting_approval")
     bogus = legal_c.act(
         "/ui/approvals/decide", {"run_id": legal, "step_id": legal_step, "decision": "maybe"}

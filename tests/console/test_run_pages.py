@@ -242,3 +242,26 @@ def test_run_page_pause_and_unpause(console: ConsoleStack) -> None:
     # Unpausing a run that is not paused: the API's refusal, shown.
     late = b.act(f"/ui/runs/{run_id}/unpause", {})
     assert b.flash_after(late).startswith("Refused: ")
+
+
+def test_a_confirmation_refuses_fields_it_cannot_carry_back(console: ConsoleStack) -> None:
+    r"""A reason with an invisible character is refused at the confirmation, not escaped.
+
+    Pages escape invisible characters, hidden inputs included, so the confirmation used
+    to post back ``a\u0000b`` as text and the retry was done with it (black-box session).
+    """
+    c = console
+    b = c.browser(tok())
+    failed = c.submit("con-fail", {"text": "boom"})
+    c.wait_status(failed, "failed")
+    for reason in ("a\x00b", "bidi\u202eoverride"):
+        asked = b.act(f"/ui/runs/{failed}/retry", {"reason": reason}, confirm=False)
+        assert asked.status_code == 422, asked.text[:500]
+        assert "invisible characters" in alerts(asked.text)[0]
+        assert ">Retry</button>" not in asked.text
+    page = b.get(f"/ui/runs/{failed}")
+    assert "failed" in page.text
+    assert "dead_letter_requeued" not in _events(c, failed)
+    # Line breaks and tabs are text a reason may hold.
+    asked = b.act(f"/ui/runs/{failed}/retry", {"reason": "two\nlines\tok"}, confirm=False)
+    assert asked.status_code == 200 and ">Retry</button>" in asked.text
