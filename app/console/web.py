@@ -179,7 +179,7 @@ async def confirm_page(
     show_flash: bool = True,
     display_only: Collection[str] = (),
 ) -> HTMLResponse:
-    """Every action's confirmation step (``confirm.html``): its ``fields`` post back as is.
+    r"""Every action's confirmation step (``confirm.html``): its ``fields`` post back as is.
 
     ``display_only`` names fields that only label the confirmation (a schedule's name)
     and are never sent to the API: an escaped copy of those is harmless.
