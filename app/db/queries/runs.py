@@ -644,23 +644,6 @@ async def release_run(
         raise LeaseLost(run_id)
 
 
-async def set_leased_status(
-    conn: AsyncConnection, *, run_id: uuid.UUID, fence: int, status: RunStatus
-) -> None:
-    """Change the status of a run we hold (e.g. to ``compensating``).
-
-    Raises:
-        LeaseLost: the fence moved.
-    """
-    stmt = (
-        update(runs)
-        .where(_held(run_id, fence))
-        .values(status=status.value, updated_at=now_expr(_dialect(conn)))
-    )
-    if (await conn.execute(stmt)).rowcount != 1:
-        raise LeaseLost(run_id)
-
-
 async def request_cancel(conn: AsyncConnection, *, run_id: uuid.UUID, due: bool = True) -> None:
     """Move a live run to ``cancelling``: fence advanced, due now.
 
@@ -877,11 +860,6 @@ async def count_by_status(conn: AsyncConnection) -> dict[str, int]:
     """Return ``{status: count}`` over all runs (metrics)."""
     rows = (await conn.execute(select(runs.c.status, func.count()).group_by(runs.c.status))).all()
     return {str(r[0]): int(r[1]) for r in rows}
-
-
-def terminal_filter() -> Any:
-    """SQL condition: the run is terminal."""
-    return runs.c.status.in_([s.value for s in TERMINAL_RUN_STATUSES])
 
 
 async def set_version(conn: AsyncConnection, *, run_id: uuid.UUID, version: str) -> RowMapping:
