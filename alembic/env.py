@@ -16,7 +16,7 @@ from sqlalchemy.engine import Connection
 from alembic import context
 from app.core.settings import Settings
 from app.db.database import Database
-from app.db.partitions import include_name
+from app.db.partitions import include_name, include_object_for
 from app.db.tables import metadata
 
 # Any constant works; it only has to be the same in every Treadle process.
@@ -34,6 +34,8 @@ def _run(connection: Connection) -> None:
         compare_type=True,
         # Time partitions are not tables of tables.py (docs/adr/0036-time-partitions.md).
         include_name=include_name,
+        # One dialect's constraints are not asked of the other (revision 0027).
+        include_object=include_object_for(connection.dialect.name),
     )
     context.run_migrations()
 

@@ -39,7 +39,7 @@ from benchmarks.common import RESULTS, asyncpg_url, fresh_database
 
 # Client c works on run 00000000-0000-0000-0000-<c+1>: no two clients touch one run row.
 _RUN = "('00000000-0000-0000-0000-' || lpad((:client_id + 1)::text, 12, '0'))::uuid"
-_FENCE = f"runs.run_id = {_RUN} AND runs.fence = 1 AND runs.status IN ('running', 'cancelling', 'compensating')"  # noqa: E501
+_FENCE = f"runs.tenant_id = 'bench' AND runs.run_id = {_RUN} AND runs.fence = 1 AND runs.status IN ('running', 'cancelling', 'compensating')"  # noqa: E501
 
 _HELD = f"""held AS (
   UPDATE runs SET updated_at = now() WHERE {_FENCE}
@@ -54,7 +54,7 @@ journal AS (
     max_attempts, fence, next_attempt_at, detail, created_at, started_at)
   SELECT run_id, 's' || :seq, tenant_id, :seq, 'step', 'noop', 'running', 1, 3, 1, NULL,
     NULL, now(), now() FROM held
-  ON CONFLICT (run_id, step_id) DO UPDATE SET status = excluded.status,
+  ON CONFLICT (tenant_id, run_id, step_id) DO UPDATE SET status = excluded.status,
     attempt = excluded.attempt, started_at = now(), fence = excluded.fence,
     next_attempt_at = NULL, error = NULL, detail = excluded.detail
   RETURNING run_id, tenant_id),
@@ -67,7 +67,8 @@ WITH {_HELD},
 journal AS (
   UPDATE steps SET status = 'succeeded', output = '0', error = NULL, fence = 1,
     finished_at = now(), next_attempt_at = NULL
-  FROM held WHERE steps.run_id = held.run_id AND steps.step_id = 's' || :seq
+  FROM held WHERE steps.tenant_id = held.tenant_id AND steps.run_id = held.run_id
+    AND steps.step_id = 's' || :seq
   RETURNING held.run_id, held.tenant_id),
 timeline AS (
   INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)

@@ -8,7 +8,9 @@ One uvicorn process on 127.0.0.1 against a fresh database (:func:`benchmarks.htt
 serving_treadle`: the one-step workflow registered, a dev-mode ``runs:write`` token).
 ``--connections`` closed-loop clients each send batches of ``size`` runs, every run with
 its own idempotency key (the keyed path reads twins first), for ``--seconds`` per size.
-Prints and saves runs/s (created runs over wall time) and the p50/p99 request latency;
+Prints and saves runs/s (created runs over wall time), the p50/p99 request latency and
+the server process's CPU time per created run (user + system, microseconds: the figure
+least moved by other load on a shared machine);
 any non-207 answer or failed item is counted and flags the result. The issue's bar
 (#18) is 5,000 runs/s.
 """
@@ -23,6 +25,7 @@ import uuid
 from typing import Any
 
 import httpx
+import psutil  # type: ignore[import-untyped]
 
 from benchmarks.common import RESULTS, percentile
 from benchmarks.http_api import serving_treadle
@@ -30,8 +33,15 @@ from benchmarks.http_api import serving_treadle
 WORKFLOW = "bench-steps"
 
 
+def _cpu_seconds(pid: int) -> float:
+    # The server's own CPU time (user + system): unlike runs/s, not shared with the load
+    # generator or with other sessions on the machine.
+    times = psutil.Process(pid).cpu_times()
+    return float(times.user + times.system)
+
+
 async def _load(
-    url: str, token: str, size: int, seconds: float, connections: int
+    url: str, token: str, size: int, seconds: float, connections: int, pid: int
 ) -> dict[str, Any]:
     created = failed = errors = 0
     latencies: list[float] = []
@@ -64,9 +74,11 @@ async def _load(
                 created += answer["created"]
                 failed += answer["failed"]
 
+    cpu_before = _cpu_seconds(pid)
     began = time.monotonic()
     await asyncio.gather(*(client() for _ in range(connections)))
     elapsed = time.monotonic() - began
+    cpu = _cpu_seconds(pid) - cpu_before
     return {
         "batch_size": size,
         "requests": len(latencies),
@@ -74,6 +86,7 @@ async def _load(
         "runs_per_second": round(created / elapsed, 1),
         "p50_ms": round(percentile(latencies, 0.5) * 1000, 1),
         "p99_ms": round(percentile(latencies, 0.99) * 1000, 1),
+        "server_cpu_us_per_run": round(cpu / created * 1e6, 1) if created else None,
         "failed_items": failed,
         "non_207": errors,
         "flagged": bool(failed or errors),
@@ -82,9 +95,11 @@ async def _load(
 
 def measure(seconds: float, connections: int, sizes: list[int]) -> dict[str, Any]:
     """runs/s per batch size on one server (a fresh database per run of this script)."""
-    with serving_treadle() as (port, token, _pid):
+    with serving_treadle() as (port, token, pid):
         url = f"http://127.0.0.1:{port}/runs:batch"
-        results = [asyncio.run(_load(url, token, size, seconds, connections)) for size in sizes]
+        results = [
+            asyncio.run(_load(url, token, size, seconds, connections, pid)) for size in sizes
+        ]
     return {"seconds": seconds, "connections": connections, "results": results}
 
 

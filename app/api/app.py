@@ -10,7 +10,7 @@ from typing import Any
 import structlog
 from fastapi import FastAPI
 
-from app.api import docs_pages, problems
+from app.api import docs_pages, problems, query_params
 from app.api.access_log import AccessLog
 from app.api.request_guards import RequestGuards
 from app.api.responses import AsciiJSONResponse
@@ -37,7 +37,9 @@ from app.api.trace_requests import TraceRequests
 from app.auth.authenticator import Authenticator
 from app.auth.oidc import OidcSignIn
 from app.auth.token_cache import TokenCache
+from app.console import PREFIX as CONSOLE_PREFIX
 from app.console import mount as mount_console
+from app.console import problem_page as console_problem_page
 from app.core import tracing
 from app.core.settings import Settings
 from app.db.database import Database
@@ -147,36 +149,46 @@ def create_app(
         else None
     )
     app.state.on_wake = on_wake
-    problems.install(app)
+    # Errors under /ui are the console's HTML pages, whichever layer raised them (an
+    # exception handler or a request guard); everywhere else problem+json.
+    pages = problems.ProblemPages({CONSOLE_PREFIX: console_problem_page})
+    problems.install(app, pages)
     docs_pages.install(app)
-    app.include_router(runs.router)
-    app.include_router(run_actions.router)
-    app.include_router(run_logs.router)
-    app.include_router(batches.router)
-    app.include_router(events.router)
-    app.include_router(approvals.router)
-    app.include_router(migrate.router)
-    app.include_router(dead_letters.router)
-    app.include_router(workflows.router)
-    app.include_router(admin.router)
-    app.include_router(tenants.router)
-    app.include_router(maintenance.router)
-    app.include_router(schedules.router)
-    app.include_router(health.router)
-    app.include_router(metrics.router)
-    app.include_router(whoami.router)
-    app.include_router(webhooks.router)
+    # Every API operation refuses a one-value query parameter given twice (422), read
+    # from the route table (app.api.query_params); the console's pages too (mount below).
+    for router in (
+        runs.router,
+        run_actions.router,
+        run_logs.router,
+        batches.router,
+        events.router,
+        approvals.router,
+        migrate.router,
+        dead_letters.router,
+        workflows.router,
+        admin.router,
+        tenants.router,
+        maintenance.router,
+        schedules.router,
+        health.router,
+        metrics.router,
+        whoami.router,
+        webhooks.router,
+    ):
+        app.include_router(router, dependencies=[query_params.REFUSE_REPEATED])
     # The browser console under /ui (pages outside the OpenAPI document): it calls this
     # same app in-process with each user's own token (docs/console.md).
-    mount_console(app)
+    mount_console(app, dependencies=[query_params.REFUSE_REPEATED])
     # Two layers of our own (docs/adr/0035-http-parser.md, "Middleware"): the request
     # guards (head and body size, body time, strict JSON) inside the access log, so each
-    # refusal is logged with the request's id.
+    # refusal is logged with the request's id. Their refusals under /ui are the console's
+    # pages (``pages``), which carry its security headers themselves.
     app.add_middleware(
         RequestGuards,
         body_limit=settings.max_payload_bytes + _ENVELOPE_BYTES,
         header_limit=settings.max_header_bytes,
         body_seconds=settings.body_read_timeout_seconds,
+        pages=pages,
     )
     app.add_middleware(AccessLog)
     if tracing.ENABLED:

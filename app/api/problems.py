@@ -1,13 +1,23 @@
-"""The one place domain errors become RFC 9457 ``application/problem+json`` responses."""
+"""The one place domain errors become RFC 9457 ``application/problem+json`` responses.
+
+Every exception handler builds a :class:`Problem` (status, code, detail, headers, extra
+members); :class:`ProblemPages` sends it as ``application/problem+json``, or, for a path
+under a prefix that registered a renderer (the console's ``/ui``, wired by
+:func:`app.api.app.create_app`), as that renderer's page: a browser never gets JSON for
+an HTML page's error. The API never imports the renderer's package: it is passed in.
+"""
 
 from __future__ import annotations
 
+import re
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from sqlalchemy.exc import DBAPIError
 from sqlalchemy.exc import TimeoutError as PoolTimeout
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -142,7 +152,80 @@ def problem_body(
     return body
 
 
-async def _treadle_error(request: Request, exc: Exception) -> JSONResponse:
+@dataclass(frozen=True)
+class Problem:
+    """One problem to answer: what :func:`problem` takes, before it is rendered.
+
+    ``status`` is the HTTP status, ``code`` the stable ``urn:treadle:problem:<code>``
+    suffix, ``detail`` the sentence for people, ``headers`` extra response headers
+    (``Retry-After``, ``WWW-Authenticate``, ``Connection: close``), ``extra`` the
+    problem's extra members (``errors``, ``limit_bytes``…).
+    """
+
+    status: int
+    code: str
+    detail: str
+    headers: Mapping[str, str] | None = None
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def body(self, instance: str | None) -> dict[str, Any]:
+        """The RFC 9457 members (:func:`problem_body`) with ``instance``."""
+        return problem_body(self.status, self.code, self.detail, instance=instance, **self.extra)
+
+
+ProblemPage = Callable[[Request, Mapping[str, Any], Mapping[str, str] | None], Awaitable[Response]]
+"""A renderer of problems for the paths under one prefix: ``(request, body, headers)``.
+
+``body`` is the problem's RFC 9457 members (``status``, ``title``, ``detail``, ``code``,
+``instance``, extras such as ``errors``); ``headers`` the ones the answer must carry. The
+renderer returns the whole response (its status should be ``body["status"]``).
+"""
+
+
+class ProblemPages:
+    """Renders problems as JSON, or as a registered page under a path prefix.
+
+    ``pages`` maps a path prefix (``"/ui"``: that path and everything under ``/ui/``) to
+    its :data:`ProblemPage`; every other path gets ``application/problem+json``. Shared
+    by the exception handlers (:func:`install`) and the request guards
+    (:class:`app.api.request_guards.RequestGuards`), so every refusal of one path has
+    one media type whichever layer refused it.
+    """
+
+    def __init__(self, pages: Mapping[str, ProblemPage] | None = None) -> None:
+        self._pages = {prefix.rstrip("/"): page for prefix, page in (pages or {}).items()}
+
+    def page_for(self, path: str) -> ProblemPage | None:
+        """The renderer registered for ``path``, or None (JSON)."""
+        for prefix, page in self._pages.items():
+            if path == prefix or path.startswith(prefix + "/"):
+                return page
+        return None
+
+    async def respond(self, request: Request, found: Problem) -> Response:
+        """Answer ``found`` for ``request``: the path's page, else problem+json.
+
+        A renderer that fails is logged and the problem goes out as JSON: an error page
+        must never turn one error into another.
+        """
+        path = request.url.path
+        page = self.page_for(path)
+        if page is not None:
+            try:
+                return await page(request, found.body(path), found.headers)
+            except Exception:
+                log.exception("problem page failed; answering JSON", path=path)
+        return problem(
+            found.status,
+            found.code,
+            found.detail,
+            instance=path,
+            headers=dict(found.headers) if found.headers else None,
+            **found.extra,
+        )
+
+
+async def _treadle_error(request: Request, exc: Exception) -> Problem:
     assert isinstance(exc, errors.TreadleError)
     status = status_for(exc)
     headers = None
@@ -153,64 +236,91 @@ async def _treadle_error(request: Request, exc: Exception) -> JSONResponse:
         headers = {"Retry-After": "5"}
     if status == 429:
         headers = {"Retry-After": str(exc.data.get("retry_after_seconds", 1))}
-    return problem(
-        status, exc.code, exc.detail, instance=request.url.path, headers=headers, **exc.data
-    )
+    return Problem(status, exc.code, exc.detail, headers, exc.data)
 
 
-async def _validation_error(request: Request, exc: Exception) -> JSONResponse:
+# A union member's tag in a pydantic error location ("int",
+# "function-after[checked_text(), constrained-str]"): pydantic's name for a branch of the
+# type, not a field the client sent.
+_UNION_TAG = re.compile(
+    r"^(int|str|float|bool|none|nullable)$|[\[\]()]|^constrained-|^[a-z]+-[a-z]+"
+)
+
+FIELD_RULES: dict[str, str] = {
+    "version": "must be a workflow definition version: a whole number, or text of 1 to 64 "
+    "printable characters",
+    "delay": f"must be a number of seconds from 0 to {366 * 86400} (not NaN or infinite)",
+    "wait": "must be a number of seconds from 0 to 300 (not NaN or infinite)",
+}
+"""The rule of a field, in user terms, keyed by its name (the last segment of its path).
+
+A field named here that fails validation gets this sentence as its message instead of
+pydantic's (which, for a field that takes one of several types, names each of pydantic's
+internal branch types). A field not named keeps pydantic's message, which for a single
+type already states the rule ("Input should be less than or equal to 100").
+"""
+
+
+def validation_items(raw: list[Any]) -> list[dict[str, str]]:
+    """Client-facing ``{path, message}`` items of pydantic errors, at most 20.
+
+    The path is the dotted location the client sent (``body.delay``), without pydantic's
+    union-branch tags; the errors of one field (one per branch of a union type) become one
+    item; a field of :data:`FIELD_RULES` gets its rule as message; pydantic's "Value error, "
+    prefix is dropped.
+    """
+    items: dict[str, str] = {}
+    for e in raw:
+        loc = [str(p) for p in e.get("loc", ())]
+        clean = [p for i, p in enumerate(loc) if i == 0 or not _UNION_TAG.search(p)]
+        path = ".".join(clean)
+        if path in items:
+            continue
+        rule = FIELD_RULES.get(clean[-1]) if clean else None
+        message = rule or str(e.get("msg", "invalid")).removeprefix("Value error, ")
+        items[path] = message
+        if len(items) == 20:
+            break
+    return [{"path": p, "message": m} for p, m in items.items()]
+
+
+async def _validation_error(request: Request, exc: Exception) -> Problem:
     assert isinstance(exc, RequestValidationError)
     items = list(exc.errors())
     if any(e.get("type") == "json_invalid" for e in items):
-        return problem(
-            400, "malformed_json", "request body is not valid JSON", instance=request.url.path
-        )
-    return problem(
+        return Problem(400, "malformed_json", "request body is not valid JSON")
+    found = validation_items(items)
+    first = f": {found[0]['path'].removeprefix('body.')} {found[0]['message']}" if found else ""
+    return Problem(
         422,
         "invalid_request",
-        "request does not match the API schema",
-        instance=request.url.path,
-        errors=[
-            {
-                "path": ".".join(str(p) for p in e.get("loc", ())),
-                "message": str(e.get("msg", "invalid")),
-            }
-            for e in items[:20]
-        ],
+        f"request does not match the API schema{first}",
+        extra={"errors": found},
     )
 
 
-async def _http_error(request: Request, exc: Exception) -> JSONResponse:
+async def _http_error(request: Request, exc: Exception) -> Problem:
     assert isinstance(exc, StarletteHTTPException)
     # FastAPI turns any body-parsing failure other than a JSON syntax error into a generic
     # 400 "There was an error parsing the body", chaining the cause: name the two causes
     # a client can send like every other invalid payload.
     cause = exc.__cause__
     if isinstance(cause, RecursionError):
-        return problem(
+        return Problem(
             422,
             "invalid_input",
             f"request body is nested deeper than {MAX_DEPTH} levels",
-            instance=request.url.path,
-            errors=[{"path": "$", "message": f"nesting over {MAX_DEPTH} levels"}],
+            extra={"errors": [{"path": "$", "message": f"nesting over {MAX_DEPTH} levels"}]},
         )
     if isinstance(cause, UnicodeDecodeError):
-        return problem(
-            400, "malformed_json", "request body is not valid UTF-8", instance=request.url.path
-        )
+        return Problem(400, "malformed_json", "request body is not valid UTF-8")
     code = {
         404: "not_found",
         405: "method_not_allowed",
         408: "request_timeout",
         413: "payload_too_large",
     }.get(exc.status_code, "http_error")
-    return problem(
-        exc.status_code,
-        code,
-        str(exc.detail),
-        instance=request.url.path,
-        headers=getattr(exc, "headers", None),
-    )
+    return Problem(exc.status_code, code, str(exc.detail), getattr(exc, "headers", None))
 
 
 # Every transient database fault is a 503 with Retry-After: the request changed nothing
@@ -266,7 +376,7 @@ DB_FAULT_RETRY_AFTER = "2"
 """``Retry-After`` seconds of every transient database fault (503)."""
 
 
-async def _database_error(request: Request, exc: Exception) -> JSONResponse:
+async def _database_error(request: Request, exc: Exception) -> Problem:
     fault = classify(exc)
     if fault is None:
         return await _unexpected(request, exc)
@@ -274,33 +384,48 @@ async def _database_error(request: Request, exc: Exception) -> JSONResponse:
     # The log (operators only) keeps the statement; the response never carries SQL.
     log.warning("database fault", fault=fault.value, path=request.url.path, error=str(exc)[:300])
     code, detail = _FAULT_PROBLEMS[fault]
-    return problem(
-        503,
-        code,
-        detail,
-        instance=request.url.path,
-        headers={"Retry-After": DB_FAULT_RETRY_AFTER},
-    )
+    return Problem(503, code, detail, {"Retry-After": DB_FAULT_RETRY_AFTER})
 
 
-async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+async def _unexpected(request: Request, exc: Exception) -> Problem:
     if classify(exc) is not None:
         # A driver error SQLAlchemy did not wrap (asyncpg finding no read-write host of a
         # multi-host URL mid-failover): a database fault, 503, not a bug.
         return await _database_error(request, exc)
     log.exception("unhandled error", path=request.url.path)
-    return problem(
-        500, "internal_error", "internal error; it has been logged", instance=request.url.path
-    )
+    return Problem(500, "internal_error", "internal error; it has been logged")
 
 
-def install(app: FastAPI) -> None:
-    """Register every exception handler on ``app``."""
-    app.add_exception_handler(errors.TreadleError, _treadle_error)
-    app.add_exception_handler(RequestValidationError, _validation_error)
-    app.add_exception_handler(StarletteHTTPException, _http_error)
-    # DBAPIError covers OperationalError; errors that are no transient fault are a 500.
-    app.add_exception_handler(DBAPIError, _database_error)
-    app.add_exception_handler(PoolTimeout, _database_error)
-    app.add_exception_handler(ConnectionError, _database_error)
-    app.add_exception_handler(Exception, _unexpected)
+_Build = Callable[[Request, Exception], Awaitable[Problem]]
+
+
+def _handler(
+    build: _Build, pages: ProblemPages
+) -> Callable[[Request, Exception], Awaitable[Response]]:
+    async def handle(request: Request, exc: Exception) -> Response:
+        return await pages.respond(request, await build(request, exc))
+
+    return handle
+
+
+def install(app: FastAPI, pages: ProblemPages | None = None) -> None:
+    """Register every exception handler on ``app``.
+
+    Args:
+        app: the application.
+        pages: how problems are rendered per path prefix (default: problem+json for
+            every path); the same object the request guards are given.
+    """
+    pages = pages or ProblemPages()
+    handlers: list[tuple[type[Exception], _Build]] = [
+        (errors.TreadleError, _treadle_error),
+        (RequestValidationError, _validation_error),
+        (StarletteHTTPException, _http_error),
+        # DBAPIError covers OperationalError; errors that are no transient fault are a 500.
+        (DBAPIError, _database_error),
+        (PoolTimeout, _database_error),
+        (ConnectionError, _database_error),
+        (Exception, _unexpected),
+    ]
+    for exc_class, build in handlers:
+        app.add_exception_handler(exc_class, _handler(build, pages))

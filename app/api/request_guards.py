@@ -28,13 +28,13 @@ import codecs
 import email.message
 import json
 import sys
-from typing import Any
 
 from starlette.exceptions import HTTPException as StarletteHTTPException
-from starlette.responses import JSONResponse
+from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from app.api import problems
+from app.api.problems import Problem, ProblemPages
+from app.core.json import DuplicateKey, unique_object
 
 
 class BodyTimedOut(StarletteHTTPException):
@@ -53,35 +53,15 @@ class BodyTimedOut(StarletteHTTPException):
         self.seconds = seconds
 
 
-def timeout_problem(seconds: float, instance: str | None) -> JSONResponse:
-    """The ``408 request_timeout`` problem response, closing the connection."""
-    return problems.problem(
+def timeout_problem(seconds: float) -> Problem:
+    """The ``408 request_timeout`` problem, closing the connection."""
+    return Problem(
         408,
         "request_timeout",
         f"request body not received within {seconds:g} s",
-        instance=instance,
-        headers={"Connection": "close"},
-        timeout_seconds=seconds,
+        {"Connection": "close"},
+        {"timeout_seconds": seconds},
     )
-
-
-class DuplicateKey(ValueError):
-    """A JSON object of the body names the same key twice."""
-
-    def __init__(self, key: str) -> None:
-        super().__init__(key)
-        self.key = key
-
-
-def _unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    obj = dict(pairs)
-    if len(obj) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise DuplicateKey(key)
-            seen.add(key)
-    return obj
 
 
 def _is_json_media(content_type: str) -> tuple[bool, str | None]:
@@ -127,7 +107,7 @@ def check_json_body(body: bytes) -> str | None:
     except UnicodeDecodeError:
         return "request body is not valid UTF-8"
     try:
-        json.loads(text, object_pairs_hook=_unique_object)
+        json.loads(text, object_pairs_hook=unique_object)
     except DuplicateKey as exc:
         return f"request body repeats the key {exc.key[:64]!r} in one object; keys must be unique"
     except json.JSONDecodeError as exc:
@@ -164,13 +144,12 @@ def _exceeds(content_length: bytes, limit: int) -> bool:
         return False
 
 
-def _too_large(limit: int, instance: str | None) -> JSONResponse:
-    return problems.problem(
+def _too_large(limit: int) -> Problem:
+    return Problem(
         413,
         "payload_too_large",
         f"request body exceeds {limit} bytes",
-        instance=instance,
-        limit_bytes=limit,
+        extra={"limit_bytes": limit},
     )
 
 
@@ -188,20 +167,36 @@ class RequestGuards:
     the app unchanged; a refusal is ``400 malformed_json`` naming the problem. Nothing
     refused was stored.
 
+    Every refusal is rendered by ``pages`` (:class:`app.api.problems.ProblemPages`), as
+    the exception handlers' are: problem+json, or the HTML page of a prefix that
+    registered one (the console's ``/ui``), whichever layer refused.
+
     Args:
         app: the wrapped ASGI app.
         body_limit: ``TREADLE_MAX_PAYLOAD_BYTES`` plus room for the envelope.
         header_limit: ``TREADLE_MAX_HEADER_BYTES``.
         body_seconds: ``TREADLE_BODY_READ_TIMEOUT_SECONDS``.
+        pages: how refusals are rendered per path prefix (default: problem+json only).
     """
 
     def __init__(
-        self, app: ASGIApp, *, body_limit: int, header_limit: int, body_seconds: float
+        self,
+        app: ASGIApp,
+        *,
+        body_limit: int,
+        header_limit: int,
+        body_seconds: float,
+        pages: ProblemPages | None = None,
     ) -> None:
         self.app = app
         self.body_limit = body_limit
         self.header_limit = header_limit
         self.body_seconds = body_seconds
+        self.pages = pages or ProblemPages()
+
+    async def _refuse(self, scope: Scope, receive: Receive, send: Send, found: Problem) -> None:
+        response = await self.pages.respond(Request(scope, receive), found)
+        await response(scope, receive, send)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """ASGI entry point."""
@@ -220,17 +215,16 @@ class RequestGuards:
             elif name == b"content-type":
                 content_type = value.decode("latin-1")
         if header_bytes > self.header_limit:
-            response = problems.problem(
+            found = Problem(
                 431,
                 "headers_too_large",
                 f"request headers exceed {self.header_limit} bytes",
-                instance=scope.get("path"),
-                limit_bytes=self.header_limit,
+                extra={"limit_bytes": self.header_limit},
             )
-            await response(scope, receive, send)
+            await self._refuse(scope, receive, send, found)
             return
         if too_big:
-            await _too_large(self.body_limit, scope.get("path"))(scope, receive, send)
+            await self._refuse(scope, receive, send, _too_large(self.body_limit))
             return
         complete = False
         seen = 0
@@ -265,13 +259,13 @@ class RequestGuards:
             else:
                 await self._json(scope, guarded, tracked, content_type)
         except BodyTooLarge:
-            await _too_large(self.body_limit, scope.get("path"))(scope, receive, send)
+            await self._refuse(scope, receive, send, _too_large(self.body_limit))
         except BodyTimedOut as exc:
             # Raised where no exception handler runs (the JSON check reading the body);
             # inside a route FastAPI re-raises it to problems._http_error.
             if started:
                 return  # already answering (a streamed response): the server closes
-            await timeout_problem(exc.seconds, scope.get("path"))(scope, receive, send)
+            await self._refuse(scope, receive, send, timeout_problem(exc.seconds))
 
     async def _json(self, scope: Scope, receive: Receive, send: Send, content_type: str) -> None:
         is_json, charset = _is_json_media(content_type)
@@ -279,12 +273,14 @@ class RequestGuards:
             await self.app(scope, receive, send)
             return
         if charset is not None and charset.strip().lower() != "utf-8":
-            await _malformed(
+            await self._refuse(
                 scope,
                 receive,
                 send,
-                f"charset {charset[:40]!r} is not accepted: JSON bodies are UTF-8 "
-                "(send charset=utf-8 or none)",
+                _malformed(
+                    f"charset {charset[:40]!r} is not accepted: JSON bodies are UTF-8 "
+                    "(send charset=utf-8 or none)"
+                ),
             )
             return
         chunks: list[bytes] = []
@@ -298,7 +294,7 @@ class RequestGuards:
         body = b"".join(chunks)
         reason = check_json_body(body)
         if reason is not None:
-            await _malformed(scope, receive, send, reason)
+            await self._refuse(scope, receive, send, _malformed(reason))
             return
         replayed = False
 
@@ -312,6 +308,5 @@ class RequestGuards:
         await self.app(scope, replay, send)
 
 
-async def _malformed(scope: Scope, receive: Receive, send: Send, detail: str) -> None:
-    response = problems.problem(400, "malformed_json", detail, instance=scope.get("path"))
-    await response(scope, receive, send)
+def _malformed(detail: str) -> Problem:
+    return Problem(400, "malformed_json", detail)

@@ -9,14 +9,15 @@ from typing import Annotated, Any, Literal
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field
 
 from app.api.instants import Instant
-from app.api.schemas import WorkflowName, _printable
+from app.api.schemas import WorkflowName
+from app.core.text import checked_text
 from app.engine.schedules import MAX_CATCHUP_WINDOW_SECONDS, MAX_JITTER_SECONDS
 
 OverlapPolicy = Literal["skip", "buffer_one", "allow_all", "cancel_previous"]
 ScheduleName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
-CronText = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(_printable)]
-ZoneName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_printable)]
-VersionText = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_printable)] | int
+CronText = Annotated[str, Field(min_length=1, max_length=255), AfterValidator(checked_text)]
+ZoneName = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(checked_text)]
+VersionText = Annotated[str, Field(min_length=1, max_length=64), AfterValidator(checked_text)] | int
 CatchupWindow = Annotated[int, Field(ge=0, le=MAX_CATCHUP_WINDOW_SECONDS)]
 Jitter = Annotated[int, Field(ge=0, le=MAX_JITTER_SECONDS)]
 

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import re
 import uuid
 from datetime import datetime
 from enum import StrEnum
@@ -12,32 +11,18 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, Strict, WithJ
 
 from app.api.log_schemas import LogLine
 from app.core.labels import KEY_PATTERN, MAX_KEY_LENGTH, MAX_LABELS, MAX_VALUE_LENGTH
+from app.core.limits import MAX_ACTION_REASON, MAX_APPROVAL_COMMENT
+from app.core.text import TEXT_PATTERN, checked_text
 
-_CONTROL_CHAR = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _printable(value: str) -> str:
-    # Identifiers end up in indexed text columns: refuse control characters (NUL cannot be
-    # stored by PostgreSQL at all) and lone surrogates (not encodable as UTF-8). One regex
-    # search, not a Python loop per character: every item of a 1,000-run batch passes here
-    # (benchmarks/submit_batch.py).
-    if _CONTROL_CHAR.search(value):
-        raise ValueError("control characters are not allowed")
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise ValueError("not valid unicode (lone surrogate)") from exc
-    return value
-
-
-NO_CONTROL_CHARS: dict[str, Any] = {"pattern": r"^[^\x00-\x1f\x7f]*$"}
-"""``json_schema_extra`` documenting :func:`_printable` in the spec (the validator itself
-gives the clearer message); clients and fuzzers then know control characters are refused."""
+NO_CONTROL_CHARS: dict[str, Any] = {"pattern": TEXT_PATTERN}
+"""``json_schema_extra`` documenting :func:`app.core.text.checked_text` (identifiers end up
+in indexed text columns and in front of readers) in the spec (the validator itself
+gives the clearer message); clients and fuzzers then know these characters are refused."""
 
 Identifier = Annotated[
     str,
     Field(min_length=1, max_length=255, json_schema_extra=NO_CONTROL_CHARS),
-    AfterValidator(_printable),
+    AfterValidator(checked_text),
 ]
 WorkflowName = Annotated[str, Field(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
 
@@ -68,7 +53,7 @@ class SubmitRunRequest(BaseModel):
         Annotated[
             str,
             Field(min_length=1, max_length=64, json_schema_extra=NO_CONTROL_CHARS),
-            AfterValidator(_printable),
+            AfterValidator(checked_text),
         ]
         | int
         | None
@@ -95,7 +80,11 @@ class SubmitRunRequest(BaseModel):
         "key, which start in submission order.",
     )
     delay: float | None = Field(
-        default=None, ge=0, le=366 * 86400, description="Seconds before the run may start."
+        default=None,
+        ge=0,
+        le=366 * 86400,
+        allow_inf_nan=False,
+        description="Seconds before the run may start.",
     )
     labels: (
         Annotated[
@@ -126,7 +115,9 @@ class SubmitRunRequest(BaseModel):
 
 
 ActionReason = Annotated[
-    str, Field(max_length=1000, json_schema_extra=NO_CONTROL_CHARS), AfterValidator(_printable)
+    str,
+    Field(max_length=MAX_ACTION_REASON, json_schema_extra=NO_CONTROL_CHARS),
+    AfterValidator(checked_text),
 ]
 """Why an operator acts on a run: at most 1000 printable characters (no control ones)."""
 
@@ -640,8 +631,8 @@ class ApprovalDecisionRequest(BaseModel):
     comment: (
         Annotated[
             str,
-            Field(max_length=2000, json_schema_extra=NO_CONTROL_CHARS),
-            AfterValidator(_printable),
+            Field(max_length=MAX_APPROVAL_COMMENT, json_schema_extra=NO_CONTROL_CHARS),
+            AfterValidator(checked_text),
         ]
         | None
     ) = None
@@ -670,8 +661,8 @@ class RequeueRequest(BaseModel):
 
     reason: Annotated[
         str,
-        Field(min_length=1, max_length=1000, json_schema_extra=NO_CONTROL_CHARS),
-        AfterValidator(_printable),
+        Field(min_length=1, max_length=MAX_ACTION_REASON, json_schema_extra=NO_CONTROL_CHARS),
+        AfterValidator(checked_text),
     ]
     correlation_id: Identifier | None = None
 
@@ -701,7 +692,7 @@ class CreateApiKeyRequest(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(_printable)] = Field(
+    name: Annotated[str, Field(min_length=1, max_length=200), AfterValidator(checked_text)] = Field(
         description="What the key is for (shown in lists)."
     )
     scopes: list[ScopeName] = Field(min_length=1, max_length=len(get_args(ScopeName)))
@@ -755,8 +746,8 @@ class SuspendTenantRequest(BaseModel):
 
     reason: Annotated[
         str,
-        Field(min_length=1, max_length=1000, json_schema_extra=NO_CONTROL_CHARS),
-        AfterValidator(_printable),
+        Field(min_length=1, max_length=MAX_ACTION_REASON, json_schema_extra=NO_CONTROL_CHARS),
+        AfterValidator(checked_text),
     ] = Field(description="Why, for operators; never shown to the tenant.")
 
 
@@ -784,11 +775,11 @@ class MigrateRunRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
 
     version: (
-        Annotated[str, Field(min_length=1, max_length=64), AfterValidator(_printable)] | int
+        Annotated[str, Field(min_length=1, max_length=64), AfterValidator(checked_text)] | int
     ) = Field(description="A registered version of the run's workflow, newer than its own.")
-    reason: Annotated[str, Field(max_length=1000), AfterValidator(_printable)] | None = Field(
-        default=None, description="Why (recorded in the run_migrated event)."
-    )
+    reason: (
+        Annotated[str, Field(max_length=MAX_ACTION_REASON), AfterValidator(checked_text)] | None
+    ) = Field(default=None, description="Why (recorded in the run_migrated event).")
 
 
 class MaintenanceTier(StrEnum):

@@ -23,6 +23,12 @@ class Scope(StrEnum):
 
 ALL_SCOPES = frozenset(Scope)
 
+APPROVER_SCOPES = frozenset({Scope.RUNS_READ, Scope.APPROVALS_WRITE})
+"""What a person who only decides approvals needs: see runs (the API and the console's
+run and approval pages) and decide their approvals. The approver token ``treadle dev``
+prints carries these and nothing more (least privilege: it cannot start, cancel or signal
+runs, send events, manage webhooks or administer)."""
+
 
 @dataclass(frozen=True, slots=True)
 class Principal:

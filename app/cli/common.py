@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING, Annotated, Any, NoReturn
 import typer
 from pydantic import BaseModel
 
+from app.core.errors import InvalidInput
+from app.core.json import parse_text
 from app.core.text import printable
 
 if TYPE_CHECKING:
@@ -112,9 +114,9 @@ def read_json_option(text: str | None, option: str) -> Any:
     except OSError as exc:
         fail(f"{option}: cannot read {text[1:]!r}: {exc.strerror}")
     try:
-        return stdjson.loads(raw)
-    except ValueError as exc:
-        fail(f"{option} is not valid JSON: {exc}")
+        return parse_text(raw, option)
+    except InvalidInput as exc:
+        fail(exc.detail)
 
 
 def parse_time(text: str | None, option: str) -> datetime | None:

@@ -11,7 +11,7 @@ import typer
 from app.api.app import create_app
 from app.api.server import TreadleServer, server_config
 from app.auth.dev import DevTokens, dev_secret
-from app.auth.principal import ALL_SCOPES
+from app.auth.principal import ALL_SCOPES, APPROVER_SCOPES
 from app.cli.ready import base_url, safe_database_url
 from app.console.settings import console_config
 from app.core import tracing
@@ -31,10 +31,11 @@ async def run_dev(
 ) -> None:
     """Migrate, then serve the API and run a worker in this process until Ctrl-C.
 
-    Prints two dev tokens: ``TREADLE_TOKEN`` (subject ``dev``, every scope) and, when
-    ``approver_groups`` is not empty, one for subject ``approver`` in those groups, so
-    one person can start a run as ``dev`` and decide its approval as someone else (the
-    API refuses self-approval by default).
+    Prints two dev tokens: ``TREADLE_TOKEN`` (subject ``dev``, every scope) and one for
+    subject ``approver`` in ``approver_groups`` (none when empty: it decides approvals
+    that name no group) with only :data:`~app.auth.principal.APPROVER_SCOPES` (read runs,
+    decide approvals), so one person can start a run as ``dev`` and decide its approval
+    as someone else (the API refuses self-approval by default), with ``--handlers`` too.
     """
     configure_logging(settings)
     tracing.setup("treadle")  # API and worker in one process: one service
@@ -49,12 +50,8 @@ async def run_dev(
     token = DevTokens(dev_secret(settings)).mint(
         tenant_id="default", subject="dev", scopes=ALL_SCOPES
     )
-    approver = (
-        DevTokens(dev_secret(settings)).mint(
-            tenant_id="default", subject="approver", scopes=ALL_SCOPES, groups=approver_groups
-        )
-        if approver_groups
-        else None
+    approver = DevTokens(dev_secret(settings)).mint(
+        tenant_id="default", subject="approver", scopes=APPROVER_SCOPES, groups=approver_groups
     )
     url = base_url(settings.host, settings.port)
     # Generated now (dev mode), so the console's first page load does not have to.
@@ -64,11 +61,12 @@ async def run_dev(
     typer.echo(f"console: {url}/ui/ (sign in with the TREADLE_TOKEN below)")
     typer.echo(f"export TREADLE_URL={url}")
     typer.echo(f"export TREADLE_TOKEN={token}")
-    if approver is not None:
-        typer.echo(
-            f"approver token (subject approver, groups {', '.join(approver_groups)}; "
-            f"sign in with it in a second browser to decide approvals): {approver}"
-        )
+    groups = ", ".join(approver_groups) or "none: add --approver-group G for group approvals"
+    typer.echo(
+        f"approver token (subject approver, groups {groups}, "
+        f"scopes {','.join(sorted(APPROVER_SCOPES))}; "
+        f"sign in with it in a second browser to decide approvals): {approver}"
+    )
 
     loop = asyncio.get_running_loop()
 

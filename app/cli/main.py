@@ -179,6 +179,21 @@ def migrate() -> None:
     typer.echo(f"database at revision {head_revision()}")
 
 
+def _starting(role: str, settings: Settings) -> None:
+    """Log one early line before the schema check and handler imports.
+
+    Those take seconds on a loaded machine: ``serve`` / ``worker`` never look hung
+    before their "ready" line.
+
+    The database URL is redacted (``safe_database_url``: no password). The line goes to
+    stdout beside the "ready" line, so a refusal stays the one line on stderr
+    (tests/unit/test_handler_import_errors.py).
+    """
+    from app.cli.ready import safe_database_url
+
+    typer.echo(f"starting {role}: checking database {safe_database_url(settings.database_url)}...")
+
+
 @app.command()
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address")] = None,
@@ -197,6 +212,7 @@ def serve(
 
     settings = load_settings(host=host, port=port)
     configure_logging(settings)
+    _starting("api", settings)
     # Traces when the OTEL_* variables ask (docs/operations.md#traces), before create_app
     # decides whether to install the request span middleware.
     tracing.setup("treadle-api")
@@ -260,6 +276,7 @@ def worker(
 
         raise typer.Exit(worker_check(settings, handlers))
     configure_logging(settings)
+    _starting("worker", settings)
     tracing.setup("treadle-worker")
 
     def ready(w: Worker) -> None:

@@ -32,6 +32,8 @@ from app.cli.common import (
     read_json_option,
 )
 from app.core import json
+from app.core.errors import InvalidInput
+from app.core.json import parse_text
 from app.core.text import printable
 
 if TYPE_CHECKING:  # imported where used (app.cli.common says why)
@@ -142,21 +144,23 @@ def read_batch_file(path: str) -> list[Any]:
     except OSError as exc:
         fail(f"FILE: cannot read {path!r}: {exc.strerror}")
     stripped = raw.strip()
+    # Read under the API's JSON rules (a repeated key, NaN, a lone surrogate refused
+    # here), so re-encoding an item never turns a body the API refuses into one it takes.
     if stripped.startswith("["):
         try:
-            return list(json.loads(stripped))
-        except ValueError as exc:
-            fail(f"FILE is neither a JSON array nor JSON lines: {exc}")
+            return list(parse_text(stripped, "the array"))
+        except InvalidInput as exc:
+            fail(f"FILE is neither a JSON array nor JSON lines: {exc.detail}")
     items: list[Any] = []
     for number, line in enumerate(stripped.splitlines(), start=1):
         if not line.strip():
             continue
         try:
-            items.append(json.loads(line))
-        except ValueError as exc:
             # The file's own line number: each line is parsed alone, so the parser's
             # position is always line 1.
-            fail(f"FILE is neither a JSON array nor JSON lines: line {number}: {exc}")
+            items.append(parse_text(line, "the line"))
+        except InvalidInput as exc:
+            fail(f"FILE is neither a JSON array nor JSON lines: line {number}: {exc.detail}")
     return items
 
 

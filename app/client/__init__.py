@@ -8,7 +8,13 @@ every error answer. They import nothing of the server (engine, database, API): o
 
 from app.client._http import segment as quote_segment
 from app.client.aio import AsyncTreadleClient
-from app.client.errors import RunFailed, RunNotFinished, TreadleAPIError, TreadleUnreachable
+from app.client.errors import (
+    InvalidBody,
+    RunFailed,
+    RunNotFinished,
+    TreadleAPIError,
+    TreadleUnreachable,
+)
 from app.client.models import (
     ApprovalDecision,
     ApprovalPage,
@@ -60,6 +66,7 @@ __all__ = [
     "Event",
     "EventPage",
     "InboundEvent",
+    "InvalidBody",
     "LogLine",
     "LogPage",
     "PendingApproval",

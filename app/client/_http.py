@@ -8,6 +8,7 @@ differ in how they send it and wait between retries.
 from __future__ import annotations
 
 import email.utils
+import json
 import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -17,8 +18,9 @@ from urllib.parse import quote
 
 import httpx
 from pydantic import BaseModel, ValidationError
+from pydantic_core import PydanticSerializationError, to_jsonable_python
 
-from app.client.errors import TreadleAPIError, TreadleUnreachable
+from app.client.errors import InvalidBody, TreadleAPIError, TreadleUnreachable
 from app.client.models import Batch, BulkDryRun
 from app.core.version import treadle_version
 
@@ -94,11 +96,33 @@ class Call:
     def kwargs(self) -> dict[str, Any]:
         """Keyword arguments for ``httpx.Client.request`` / ``AsyncClient.request``."""
         out: dict[str, Any] = {"params": self.params or None, "headers": self.headers or None}
-        if self.body is not _NO_BODY:
-            out["json"] = self.body
+        # None sends no body, as httpx's ``json=None`` did (an optional body left out).
+        if self.body is not _NO_BODY and self.body is not None:
+            out["content"] = encode_body(self.body)
+            out["headers"] = {**self.headers, "Content-Type": "application/json"}
         if self.timeout is not None:
             out["timeout"] = self.timeout
         return out
+
+
+def encode_body(body: Any) -> bytes:
+    """``body`` as the API's JSON: ASCII-escaped, compact; pydantic models as their JSON form.
+
+    Escaping keeps a lone surrogate sendable (the API answers it 422, as it would any
+    client's) instead of failing inside httpx's UTF-8 encoder.
+
+    Raises:
+        InvalidBody: NaN/Infinity, a value that is not JSON, or nesting too deep.
+    """
+    try:
+        text = json.dumps(
+            to_jsonable_python(body), ensure_ascii=True, allow_nan=False, separators=(",", ":")
+        )
+        return text.encode("ascii")
+    except RecursionError:
+        raise InvalidBody("request body is nested too deep to encode; nothing was sent") from None
+    except (TypeError, ValueError, PydanticSerializationError) as exc:
+        raise InvalidBody(f"request body is not JSON ({exc}); nothing was sent") from None
 
 
 def client_headers(token: str | None) -> dict[str, str]:

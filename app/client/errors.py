@@ -62,6 +62,17 @@ class TreadleUnreachable(TreadleAPIError):
         super().__init__(detail, code="server_unreachable", status=None, title="Unreachable")
 
 
+class InvalidBody(TreadleError, ValueError):
+    """A request body JSON cannot carry; raised before anything is sent.
+
+    NaN or Infinity, an object that is not JSON (pydantic models are sent as their JSON
+    form), or nesting past Python's recursion limit. Lone surrogates are sent escaped and
+    the API refuses them itself (422).
+    """
+
+    code = "invalid_body"
+
+
 class RunFailed(TreadleError):
     """``execute`` waited for a run that ended other than ``completed``.
 

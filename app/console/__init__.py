@@ -53,22 +53,35 @@ HTTP-level tests drive all of this with a cookie-keeping client (``tests/console
 
 from __future__ import annotations
 
-from fastapi import APIRouter, FastAPI, Request
+from collections.abc import Sequence
+
+from fastapi import APIRouter, FastAPI, Request, params
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from app.console.headers import ConsoleHeaders
 from app.console.pages import ROUTERS
 from app.console.sessions import load_session
-from app.console.web import EXCEPTION_HANDLERS, STATIC_DIR, render
+from app.console.web import EXCEPTION_HANDLERS, STATIC_DIR, problem_page, render
 
-__all__ = ["mount"]
+__all__ = ["PREFIX", "mount", "problem_page"]
+
+PREFIX = "/ui"
+"""Where the console lives; errors under it are HTML pages (:func:`problem_page`)."""
 
 
-def mount(app: FastAPI) -> None:
+def mount(app: FastAPI, *, dependencies: Sequence[params.Depends] = ()) -> None:
     """Serve the console on ``app``: ``/ui/…`` pages, ``/ui/static``, and ``/`` → ``/ui/``.
 
     Called by :func:`app.api.app.create_app`; the pages are not in the OpenAPI document.
+    ``dependencies`` run before every page: ``create_app`` passes the API's refusal of
+    a one-value query parameter given twice (``app.api.query_params``), so a page's
+    parameters (:mod:`app.console.query`) follow the API's rules without this package
+    importing the API's internals.
+    The API's problems under :data:`PREFIX` (validation errors, HTTP errors, the request
+    guards' refusals) become :func:`problem_page` because ``create_app`` registers it
+    for the prefix (``app.api.problems.ProblemPages``): this package never imports the
+    API's internals.
     """
     root = APIRouter(include_in_schema=False)
 
@@ -85,7 +98,9 @@ def mount(app: FastAPI) -> None:
     # Static files first: the catch-all page below must not shadow them.
     app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     for router in ROUTERS:
-        app.include_router(router, prefix="/ui", include_in_schema=False)
+        app.include_router(
+            router, prefix=PREFIX, include_in_schema=False, dependencies=list(dependencies)
+        )
 
     @app.get("/ui/{rest:path}", include_in_schema=False)
     async def no_such_page(request: Request, rest: str) -> Response:

@@ -8,30 +8,55 @@ are shown in its own words.
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Request
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from app.client import TreadleAPIError
+from app.console.query import PagedQuery
 from app.console.sessions import Session, flash
-from app.console.web import Client, CsrfForm, api_message, confirm_page, form_text, redirect, render
+from app.console.web import (
+    Client,
+    CsrfForm,
+    api_message,
+    confirm_page,
+    first_page_if_stale,
+    form_text,
+    redirect,
+    render,
+)
+from app.core.limits import MAX_APPROVAL_COMMENT
 
 router = APIRouter()
 
 INBOX = "/ui/approvals"
-MAX_COMMENT = 2000
+MAX_COMMENT = MAX_APPROVAL_COMMENT
 
 
 @router.get("/approvals")
-async def approvals(request: Request, session: Session, api: Client) -> Response:
-    """Every waiting approval the signed-in subject may decide, oldest first."""
-    token = request.query_params.get("page_token", "")[:1000] or None
-    page = await api.approvals(page_token=token, limit=50)
-    return await render(
-        request,
-        "approvals.html",
-        {"page": page, "page_token": token or "", "max_comment": MAX_COMMENT},
-        session=session,
+async def approvals(
+    request: Request, session: Session, api: Client, query: Annotated[PagedQuery, Query()]
+) -> Response:
+    """Every waiting approval the signed-in subject may decide, oldest first.
+
+    Query parameters: ``page_token`` and ``limit`` (:class:`app.console.query.PagedQuery`;
+    a bad one is a 422 page).
+    """
+    token = query.page_token or None
+    limit = query.limit or 50
+    page, stale = await first_page_if_stale(
+        lambda t: api.approvals(page_token=t, limit=limit), token
     )
+    ctx: dict[str, Any] = {
+        "page": page,
+        "page_token": "" if stale else token or "",
+        "limit": str(query.limit) if query.limit else "",
+        "max_comment": MAX_COMMENT,
+    }
+    if stale:
+        ctx["flash"] = ("alert", stale)
+    return await render(request, "approvals.html", ctx, session=session)
 
 
 @router.post("/approvals/decide")
@@ -40,7 +65,7 @@ async def decide(request: Request, session: Session, api: Client, form: CsrfForm
     run_id = form_text(form, "run_id", max_chars=100).strip()
     step_id = form_text(form, "step_id", max_chars=300).strip()
     decision = form_text(form, "decision", max_chars=20)
-    comment = form_text(form, "comment", max_chars=MAX_COMMENT + 1).strip()
+    comment = form_text(form, "comment").strip()
     if decision not in ("approve", "reject") or not run_id or not step_id:
         await flash(request, session, "alert", "Choose Approve or Reject: nothing was decided.")
         return redirect(INBOX)

@@ -74,13 +74,20 @@ async def login_form(
 @router.post("/login")
 async def login(
     request: Request,
-    token: Annotated[str, Form(max_length=sessions.MAX_TOKEN_CHARS + 100)] = "",
-    next: Annotated[str, Form(max_length=2000)] = "",
-    login_csrf: Annotated[str, Form(max_length=200)] = "",
+    # No length limits here: a field refused by FastAPI would be an error page without
+    # the form. Each is judged below and answered with the form and a message: an
+    # over-long token by start_session (400), a long login_csrf fails the comparison
+    # (403), a long next falls back to the runs page (safe_next). The request guards
+    # bound the body as a whole.
+    token: Annotated[str, Form()] = "",
+    next: Annotated[str, Form()] = "",
+    login_csrf: Annotated[str, Form()] = "",
 ) -> Response:
     """Check the token with the API; on success start a session and go to ``next``.
 
-    A token the API refuses shows the form again with the API's message (401).
+    A refused token shows the form again with the message, at the refusal's status: 400
+    for text that is no token (empty, over 16,384 characters, not printable), 401 for a
+    token the API refuses, 403 for a suspended tenant.
     """
     sessions.get_config(request)
     target = safe_next(next)
@@ -99,7 +106,10 @@ async def login(
     except TreadleAPIError as exc:
         if exc.status is None or exc.status >= 500:
             raise
-        return await login_page(request, next_url=target, error=api_message(exc), status_code=401)
+        status = exc.status if 400 <= exc.status < 500 else 401
+        return await login_page(
+            request, next_url=target, error=api_message(exc), status_code=status
+        )
     response.delete_cookie(LOGIN_COOKIE, path="/ui/login")
     return response
 

@@ -2,25 +2,27 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from app.client import TreadleAPIError, quote_segment
+from app.console.query import DeadLettersQuery
 from app.console.sessions import Session, flash
 from app.console.web import (
     Client,
     CsrfForm,
     api_message,
     confirm_page,
+    first_page_if_stale,
     form_text,
-    page_limit,
     query_string,
     redirect,
     render,
     safe_next,
 )
+from app.core.limits import MAX_ACTION_REASON
 
 router = APIRouter()
 
@@ -28,35 +30,43 @@ PAGE_SIZE = 50
 STATUSES = ("pending", "all")
 
 
-def _filters(request: Request) -> dict[str, str]:
-    # Cut to the API's own limits; the API validates the rest (its 422 shown as an alert).
-    p = request.query_params
-    status = p.get("status", "pending")
+def _filters(q: DeadLettersQuery) -> dict[str, str]:
+    # Validated by the query model; the API validates the rest (its 422 an alert).
     return {
-        "status": status if status in STATUSES else "pending",
-        "workflow": p.get("workflow", "").strip()[:200],
-        "page_token": p.get("page_token", "")[:1000],
-        "limit": page_limit(p.get("limit", "")),
+        "status": q.status or "pending",
+        "workflow": q.workflow.strip(),
+        "page_token": q.page_token,
+        "limit": str(q.limit) if q.limit else "",
     }
 
 
 @router.get("/dead-letters")
-async def dead_letters(request: Request, session: Session, api: Client) -> Response:
+async def dead_letters(
+    request: Request, session: Session, api: Client, query: Annotated[DeadLettersQuery, Query()]
+) -> Response:
     """The tenant's dead letters (pending by default, or all), newest first, 50 a page.
 
     Filters: ``status`` (``pending`` | ``all``), ``workflow``, ``page_token`` (the API's),
     ``limit`` (page size 1..200).
-    A filter the API refuses (400/422) is shown as an alert above an empty page.
+    A parameter of the wrong type or out of range is a 422 page
+    (:class:`app.console.query.DeadLettersQuery`); a filter the API refuses (400/422) is
+    shown as an alert above an empty page.
     """
-    f = _filters(request)
+    f = _filters(query)
     ctx: dict[str, Any] = {"filters": f, "statuses": STATUSES, "page": None, "query": query_string}
     try:
-        ctx["page"] = await api.dead_letters(
-            status=f["status"],
-            workflow=f["workflow"] or None,
-            page_token=f["page_token"] or None,
-            limit=int(f["limit"] or PAGE_SIZE),
+        ctx["page"], stale = await first_page_if_stale(
+            lambda t: api.dead_letters(
+                status=f["status"],
+                workflow=f["workflow"] or None,
+                page_token=t,
+                limit=int(f["limit"] or PAGE_SIZE),
+            ),
+            f["page_token"],
         )
+        if stale:
+            f["page_token"] = ""
+            ctx["flash"] = ("alert", stale)
     except TreadleAPIError as exc:
         if exc.status not in (400, 422):
             raise
@@ -74,7 +84,7 @@ async def requeue(
     ``back`` (the list URL to return to). The API's refusal (409 already requeued, 422
     empty reason, 403 missing scope, 404) comes back as an alert; nothing is done then.
     """
-    reason = form_text(form, "reason", max_chars=2000)
+    reason = form_text(form, "reason", max_chars=MAX_ACTION_REASON)
     correlation_id = form_text(form, "correlation_id", max_chars=300).strip()
     back = form_text(form, "back", max_chars=2000)
     back = safe_next(back, "/ui/dead-letters")

@@ -19,6 +19,16 @@ _HEADERS = [
 _NO_STORE = (b"cache-control", b"no-store")
 
 
+def page_headers() -> dict[str, str]:
+    """The headers of a console page, for a response sent where this middleware is not.
+
+    Starlette answers an unexpected exception (500) outside every middleware, so
+    ``app.console.web.problem_page`` sets them itself; the middleware does not add a
+    header the response already has.
+    """
+    return {name.decode(): value.decode() for name, value in [*_HEADERS, _NO_STORE]}
+
+
 class ConsoleHeaders:
     """Add CSP, nosniff, frame and referrer headers (and ``no-store`` on pages) under ``/ui``."""
 
@@ -36,9 +46,9 @@ class ConsoleHeaders:
         async def with_headers(message: Message) -> None:
             if message["type"] == "http.response.start":
                 headers = list(message.get("headers", []))
-                headers.extend(_HEADERS)
-                if not static:
-                    headers.append(_NO_STORE)
+                present = {name.lower() for name, _ in headers}
+                wanted = _HEADERS if static else [*_HEADERS, _NO_STORE]
+                headers.extend(h for h in wanted if h[0] not in present)
                 message = {**message, "headers": headers}
             await send(message)
 

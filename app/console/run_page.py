@@ -21,6 +21,9 @@ from app.client import AsyncTreadleClient, RunReport, TreadleAPIError, quote_seg
 from app.console import graph
 from app.console.sessions import ConsoleSession, Session, flash
 from app.console.web import Client, CsrfForm, api_message, confirm_page, form_text, redirect, render
+from app.core.errors import InvalidInput
+from app.core.json import parse_text
+from app.core.limits import MAX_ACTION_REASON, MAX_SIGNAL_NAME
 from app.core.status import TRANSITION_STEP_PREFIX, RunStatus
 
 router = APIRouter()
@@ -33,7 +36,6 @@ WAITING = {
     RunStatus.WAITING_EVENT,
     RunStatus.RETRYING,
 }
-MAX_SIGNAL_NAME = 200
 T = TypeVar("T")
 
 
@@ -232,12 +234,12 @@ async def send_signal(
             run_id,
             signal_name=name[:MAX_SIGNAL_NAME],
             signal_payload=payload_text,
-            error="Give the signal a name (1 to 200 characters): nothing was sent.",
+            error=f"Give the signal a name (1 to {MAX_SIGNAL_NAME} characters): nothing was sent.",
             status_code=400,
         )
     try:
-        payload = json.loads(payload_text)
-    except ValueError as exc:
+        payload = parse_text(payload_text, "The payload")
+    except InvalidInput as exc:
         return await _page(
             request,
             session,
@@ -245,7 +247,7 @@ async def send_signal(
             run_id,
             signal_name=name,
             signal_payload=payload_text,
-            error=f"The payload is not valid JSON ({exc}): nothing was sent.",
+            error=f"{exc.detail}: nothing was sent.",
             status_code=400,
         )
     return await _confirm_and_call(
@@ -271,7 +273,8 @@ class RunAction:
     ``verb`` is the URL segment (``POST /ui/runs/{run_id}/<verb>``); ``message`` is the
     confirmation text with ``{run_id}`` in it; ``call(api, run_id, reason)`` is the API
     request; ``done`` is flashed when it succeeds (a refusal flashes the API's message).
-    ``takes_reason`` reads the form's ``reason`` (at most 1000 characters);
+    ``takes_reason`` reads the form's ``reason`` (a longer one than the API's
+    ``MAX_ACTION_REASON`` is refused whole, never cut: ``form_text``);
     ``reason_required`` is the alert flashed, with nothing sent, when it is empty.
     """
 
@@ -347,7 +350,11 @@ def _action_route(action: RunAction) -> Callable[..., Awaitable[Response]]:
     async def endpoint(
         request: Request, run_id: str, session: Session, api: Client, form: CsrfForm
     ) -> Response:
-        reason = form_text(form, "reason", max_chars=1000).strip() if action.takes_reason else ""
+        reason = (
+            form_text(form, "reason", max_chars=MAX_ACTION_REASON).strip()
+            if action.takes_reason
+            else ""
+        )
         if action.reason_required and not reason:
             await flash(request, session, "alert", action.reason_required)
             return redirect(_run_url(run_id))

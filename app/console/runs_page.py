@@ -3,17 +3,19 @@
 from __future__ import annotations
 
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
-from typing import Any
+from typing import Annotated, Any
 from urllib.parse import urlencode
 
 from fastapi import APIRouter, Request
+from fastapi import Query as FromQuery
 from fastapi.responses import Response
 
 from app.client import RunCounts, RunPage, TreadleAPIError, quote_segment
+from app.console.query import RunsQuery
 from app.console.sessions import Session
-from app.console.web import Client, api_message, redirect, render
+from app.console.web import Client, api_message, first_page_if_stale, redirect, render
 from app.core.status import RunReason, RunStatus
 
 router = APIRouter()
@@ -21,6 +23,7 @@ router = APIRouter()
 PAGE_SIZE = 50
 STATUSES = [s.value for s in RunStatus]
 REASONS = [r.value for r in RunReason]
+Query = Annotated[RunsQuery, FromQuery()]
 
 
 @dataclass(frozen=True, slots=True)
@@ -38,23 +41,24 @@ class RunFilters:
     label: str = ""
     q: str = ""
     page_token: str = ""
+    limit: str = ""
 
     @classmethod
-    def from_request(cls, request: Request) -> RunFilters:
-        """Read the filters from the query string (each cut to a sane length)."""
-        p = request.query_params
+    def from_query(cls, q: RunsQuery) -> RunFilters:
+        """The filters of a validated query (:class:`app.console.query.RunsQuery`)."""
         return cls(
-            workflow=p.get("workflow", "").strip()[:200],
-            status=p.get("status", "").strip()[:40],
-            created_after=p.get("created_after", "").strip()[:40],
-            created_before=p.get("created_before", "").strip()[:40],
-            version=p.get("version", "").strip()[:64],
-            reason=p.get("reason", "").strip()[:64],
-            finished_after=p.get("finished_after", "").strip()[:40],
-            finished_before=p.get("finished_before", "").strip()[:40],
-            label=p.get("label", "").strip()[:2000],
-            q=p.get("q", "").strip()[:255],
-            page_token=p.get("page_token", "")[:1000],
+            workflow=q.workflow.strip(),
+            status=q.status.value if q.status else "",
+            created_after=q.created_after.strip(),
+            created_before=q.created_before.strip(),
+            version=q.version.strip(),
+            reason=q.reason.value if q.reason else "",
+            finished_after=q.finished_after.strip(),
+            finished_before=q.finished_before.strip(),
+            label=q.label.strip(),
+            q=q.q.strip(),
+            page_token=q.page_token,
+            limit=str(q.limit) if q.limit else "",
         )
 
     def query(self, **changes: str) -> str:
@@ -71,6 +75,7 @@ class RunFilters:
             "label": self.label,
             "q": self.q,
             "page_token": self.page_token,
+            "limit": self.limit,
             **changes,
         }
         return urlencode({k: v for k, v in values.items() if v})
@@ -139,12 +144,18 @@ async def _load(api: Client, f: RunFilters) -> tuple[dict[str, Any], RunPage | N
         "labels": labels or None,
     }
     try:
-        page = await api.list(
-            **common,
-            status=f.status or None,
-            page_token=f.page_token or None,
-            limit=PAGE_SIZE,
+        page, stale = await first_page_if_stale(
+            lambda t: api.list(
+                **common,
+                status=f.status or None,
+                page_token=t,
+                limit=int(f.limit or PAGE_SIZE),
+            ),
+            f.page_token,
         )
+        if stale:
+            ctx["filters"] = replace(f, page_token="")
+            ctx["flash"] = ("alert", stale)
         counts: RunCounts = await api.run_counts(**common)
     except TreadleAPIError as exc:
         if exc.status in (400, 422):
@@ -157,12 +168,13 @@ async def _load(api: Client, f: RunFilters) -> tuple[dict[str, Any], RunPage | N
 
 
 @router.get("/runs")
-async def runs(request: Request, session: Session, api: Client) -> Response:
+async def runs(request: Request, session: Session, api: Client, query: Query) -> Response:
     """The tenant's runs, newest first, with filters, counts and a live-refreshing table.
 
     The search box takes a run id (going straight to the run) or an idempotency key.
+    Query parameters: :class:`app.console.query.RunsQuery` (a bad one is a 422 page).
     """
-    f = RunFilters.from_request(request)
+    f = RunFilters.from_query(query)
     if f.q:
         try:
             run_id = uuid.UUID(f.q)
@@ -181,7 +193,7 @@ async def runs(request: Request, session: Session, api: Client) -> Response:
 
 
 @router.get("/runs/table")
-async def runs_table(request: Request, session: Session, api: Client) -> Response:
+async def runs_table(request: Request, session: Session, api: Client, query: Query) -> Response:
     """The runs table and counts alone: the fragment the page's live refresh fetches."""
-    ctx, _ = await _load(api, RunFilters.from_request(request))
+    ctx, _ = await _load(api, RunFilters.from_query(query))
     return await render(request, "_runs_table.html", ctx, session=session, show_flash=False)

@@ -6,12 +6,13 @@ Actions on the detail page, each with a confirm step: "Pause", "Resume schedule"
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from app.client import TreadleAPIError, quote_segment
+from app.console.query import SchedulesQuery
 from app.console.sessions import Session, flash
 from app.console.timestamps import with_times
 from app.console.web import (
@@ -19,8 +20,8 @@ from app.console.web import (
     CsrfForm,
     api_message,
     confirm_page,
+    first_page_if_stale,
     form_text,
-    page_limit,
     query_string,
     redirect,
     render,
@@ -61,26 +62,38 @@ ACTIONS: dict[str, tuple[str, str, str]] = {
 }
 
 
-def _filters(request: Request) -> dict[str, str]:
-    p = request.query_params
-    state = p.get("state", "")
+def _filters(q: SchedulesQuery) -> dict[str, str]:
     return {
-        "state": state if state in STATES else "",
-        "workflow": p.get("workflow", "").strip()[:200],
-        "page_token": p.get("page_token", "")[:1000],
-        "limit": page_limit(p.get("limit", "")),
+        "state": q.state or "",
+        "workflow": q.workflow.strip(),
+        "page_token": q.page_token,
+        "limit": str(q.limit) if q.limit else "",
     }
 
 
 @router.get("/schedules")
-async def schedules(request: Request, session: Session, api: Client) -> Response:
-    """The tenant's schedules, newest first, with a state filter and the API's paging."""
-    f = _filters(request)
+async def schedules(
+    request: Request, session: Session, api: Client, query: Annotated[SchedulesQuery, Query()]
+) -> Response:
+    """The tenant's schedules, newest first, with a state filter and the API's paging.
+
+    Query parameters: :class:`app.console.query.SchedulesQuery` (a bad one is a 422 page).
+    """
+    f = _filters(query)
     ctx: dict[str, Any] = {"filters": f, "states": STATES, "page": None, "query": query_string}
-    params = {k: v for k, v in f.items() if v}
+    params = {k: v for k, v in f.items() if v and k != "page_token"}
+    params["limit"] = f["limit"] or str(PAGE_SIZE)
+
+    async def fetch(token: str | None) -> Any:
+        return await api.request(
+            "GET", "/schedules", params={**params, **({"page_token": token} if token else {})}
+        )
+
     try:
-        params["limit"] = f["limit"] or str(PAGE_SIZE)
-        page = await api.request("GET", "/schedules", params=params)
+        page, stale = await first_page_if_stale(fetch, f["page_token"])
+        if stale:
+            f["page_token"] = ""
+            ctx["flash"] = ("alert", stale)
     except TreadleAPIError as exc:
         if exc.status not in (400, 422):
             raise

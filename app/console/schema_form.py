@@ -18,6 +18,10 @@ from typing import Any, Literal
 
 from starlette.datastructures import FormData
 
+from app.console.web import form_text
+from app.core.errors import InvalidInput
+from app.core.json import parse_text
+
 FieldKind = Literal["string", "integer", "number", "boolean", "enum", "json"]
 MAX_FIELD_CHARS = 1_000_000
 WHOLE = "input_json"
@@ -178,9 +182,16 @@ def whole_skeleton(schema: Any) -> str:
 
 
 def typed_values(form: FormData, fields: list[FormField] | None) -> dict[str, str]:
-    """What the user typed, by ``input_name`` (to show the form again unchanged)."""
+    """What the user typed, by ``input_name`` (to show the form again unchanged).
+
+    A field over ``MAX_FIELD_CHARS`` raises ``FormFieldTooLong`` (refused whole, never cut).
+    """
     names = [f.input_name for f in fields] if fields is not None else [WHOLE]
-    return {n: v[:MAX_FIELD_CHARS] for n in names if isinstance(v := form.get(n), str)}
+    return {
+        n: form_text(form, n, max_chars=MAX_FIELD_CHARS)
+        for n in names
+        if isinstance(form.get(n), str)
+    }
 
 
 def _number(text: str, integer: bool) -> Any:
@@ -200,25 +211,16 @@ def _number(text: str, integer: bool) -> Any:
     return number if math.isfinite(number) else text
 
 
-def _refuse_constant(name: str) -> Any:
-    raise ValueError(f"{name} is not a JSON number")
-
-
 def _parse_json(text: str, what: str) -> Any:
-    """``text`` decoded as strict JSON (no NaN/Infinity), or a FormInputError naming ``what``."""
+    """``text`` decoded under the API's JSON rules (:func:`app.core.json.parse_text`).
+
+    Raises:
+        FormInputError: why, naming ``what``; nothing was submitted.
+    """
     try:
-        return json.loads(text, parse_constant=_refuse_constant)
-    except json.JSONDecodeError as exc:
-        raise FormInputError(
-            f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}: "
-            f"{exc.msg}); nothing was submitted."
-        ) from None
-    except ValueError:
-        # A NaN/Infinity constant, or an integer past Python's digit limit.
-        raise FormInputError(
-            f"{what} holds a number JSON cannot carry (NaN, Infinity, or an integer of "
-            "thousands of digits); nothing was submitted."
-        ) from None
+        return parse_text(text, what)
+    except InvalidInput as exc:
+        raise FormInputError(f"{exc.detail}; nothing was submitted.") from None
 
 
 def build_input(values: dict[str, str], fields: list[FormField] | None) -> Any:

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 import hmac
 import json
-from collections.abc import AsyncIterator, Collection, Mapping
+from collections.abc import AsyncIterator, Awaitable, Callable, Collection, Mapping
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated, Any, TypeVar
 from urllib.parse import quote, urlencode, urlsplit
 
 import structlog
@@ -23,8 +23,9 @@ from starlette.templating import Jinja2Templates
 from app.client import AsyncTreadleClient, TreadleAPIError
 from app.console import crypto, sessions
 from app.console.client import in_process_client
+from app.console.headers import page_headers
 from app.console.sessions import ConsoleSession, Session
-from app.core.text import printable
+from app.core.text import printable, text_problem
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 TEMPLATES_DIR = PACKAGE_DIR / "templates"
@@ -109,9 +110,22 @@ def redirect(url: str) -> RedirectResponse:
     return RedirectResponse(url, status_code=303)
 
 
+MAX_NEXT_CHARS = 2000
+"""Longest ``next`` target kept: no console link is longer, so a longer one is no page."""
+
+
 def safe_next(value: str | None, default: str = "/ui/runs") -> str:
-    """``value`` if it is a console path on this site, else ``default`` (no open redirect)."""
-    if not value or not value.startswith("/ui/") or "\\" in value or not value.isprintable():
+    """``value`` if it is a console path on this site, else ``default`` (no open redirect).
+
+    A path over :data:`MAX_NEXT_CHARS` is no page the console links to: ``default``.
+    """
+    if (
+        not value
+        or len(value) > MAX_NEXT_CHARS
+        or not value.startswith("/ui/")
+        or "\\" in value
+        or not value.isprintable()
+    ):
         return default
     parts = urlsplit(value)
     if parts.scheme or parts.netloc or value.startswith("//"):
@@ -154,12 +168,42 @@ CsrfForm = Annotated[FormData, Depends(csrf_form)]
 """Route parameter type: the CSRF-checked form of a POST action."""
 
 
-def page_limit(text: str) -> str:
-    """A page size the API's list endpoints accept (``1..200``) as given, else ``""``.
+_Page = TypeVar("_Page")
 
-    ``""`` leaves the API's default; the API still validates what it is sent.
+STALE_PAGE_TOKEN = (
+    "That page link is no longer valid (its page_token is stale or damaged): "
+    "showing the first page."
+)
+
+
+async def first_page_if_stale(
+    fetch: Callable[[str | None], Awaitable[_Page]], page_token: str | None
+) -> tuple[_Page, str | None]:
+    """One page of a console list, falling back to the first page on a bad ``page_token``.
+
+    Every console list page (runs, approvals, schedules, dead letters) pages with the
+    API's opaque tokens; a bookmarked or shared link outlives its token. A user following
+    it expects the list, not an error page: so when the API refuses the call (400/422)
+    and a token was given, the page is fetched again without it and the caller shows
+    :data:`STALE_PAGE_TOKEN` as an alert above the first page.
+
+    Args:
+        fetch: calls the API for the page at a token (None: the first page).
+        page_token: the token of the request, or None / "" for the first page.
+
+    Returns:
+        The page and the alert to show (None when the token was good or absent).
+
+    Raises:
+        TreadleAPIError: the API refused the first page too (another filter is bad: the
+            caller shows that refusal), or any other refusal.
     """
-    return text if text.isascii() and text.isdigit() and 1 <= int(text) <= 200 else ""
+    try:
+        return await fetch(page_token or None), None
+    except TreadleAPIError as exc:
+        if not page_token or exc.status not in (400, 422):
+            raise
+    return await fetch(None), STALE_PAGE_TOKEN
 
 
 def query_string(filters: Mapping[str, str], **changes: str) -> str:
@@ -191,13 +235,17 @@ async def confirm_page(
     """
     for name, value in context.get("fields", ()):
         if name not in display_only and printable(value, keep="\n\t\r") != value:
+            # The API's rule names the character when it is one the API refuses too
+            # (app.core.text.text_problem); the others (zero-width, …) only the escaping.
+            why = text_problem(value.replace("\n", " ").replace("\t", " ").replace("\r", " "))
             return await render(
                 request,
                 "error.html",
                 {
                     "title": "Nothing was done",
                     "message": f"The {name.replace('_', ' ')} holds control or invisible "
-                    "characters (NUL, bidi overrides, …): remove them and try again.",
+                    "characters (NUL, bidi overrides, …): remove them and try again."
+                    + (f" ({why})" if why else ""),
                     "code": "invalid_input",
                 },
                 session=session,
@@ -206,10 +254,34 @@ async def confirm_page(
     return await render(request, "confirm.html", context, session=session, show_flash=show_flash)
 
 
+class FormFieldTooLong(Exception):
+    """A console form field longer than its limit: refused as a whole, never cut.
+
+    ``field`` is the form's field name, ``limit`` its limit in characters (the API's own,
+    :mod:`app.core.limits`, where the API takes the field), ``length`` what was sent.
+    The console answers with an alert page (422) and does nothing (``_field_too_long``).
+    """
+
+    def __init__(self, field: str, limit: int, length: int) -> None:
+        super().__init__(f"{field}: {length} characters, at most {limit}")
+        self.field = field
+        self.limit = limit
+        self.length = length
+
+
 def form_text(form: FormData, name: str, *, max_chars: int = 100_000) -> str:
-    """A text field of ``form`` ("" when absent or a file), cut to ``max_chars``."""
+    """A text field of ``form`` ("" when absent or a file), of at most ``max_chars``.
+
+    Raises :class:`FormFieldTooLong` for a longer value: cutting it would act on text
+    the user did not write (a truncated reason stored, a cut comment), where the API
+    refuses the same input with 422.
+    """
     value = form.get(name)
-    return value[:max_chars] if isinstance(value, str) else ""
+    if not isinstance(value, str):
+        return ""
+    if len(value) > max_chars:
+        raise FormFieldTooLong(name, max_chars, len(value))
+    return value
 
 
 def api_message(exc: TreadleAPIError) -> str:
@@ -267,6 +339,25 @@ async def _csrf_rejected(request: Request, exc: Exception) -> Response:
     )
 
 
+async def _field_too_long(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, FormFieldTooLong)
+    session = await sessions.load_session(request)
+    label = exc.field.replace("_", " ")
+    return await render(
+        request,
+        "error.html",
+        {
+            "title": "Nothing was done",
+            "message": f"The {label} must be at most {exc.limit} characters (it has "
+            f"{exc.length}): shorten it and try again. Nothing was sent.",
+            "code": "invalid_input",
+        },
+        session=session,
+        status_code=422,
+        show_flash=False,
+    )
+
+
 async def _disabled(request: Request, exc: Exception) -> Response:
     return templates.TemplateResponse(
         request,
@@ -284,10 +375,81 @@ async def _disabled(request: Request, exc: Exception) -> Response:
     )
 
 
+# What a console user reads for the problems the API layer raises under /ui (malformed
+# forms and addresses, bodies over the limit, slow bodies): the API's detail speaks of
+# "the API schema" and bytes; the page says what happened to the user's action.
+_PROBLEM_MESSAGES = {
+    "payload_too_large": "The form sent more data than the server accepts ({detail}): "
+    "nothing was done. Shorten what you entered and try again.",
+    "request_timeout": "The form did not arrive in time ({detail}): nothing was done. Try again.",
+    "headers_too_large": "The request's headers (cookies included) are too large "
+    "({detail}): nothing was done. Clear this site's cookies and sign in again.",
+    "method_not_allowed": "This address does not take that kind of request.",
+    "not_found": "The console has no page at this address.",
+}
+
+
+def _problem_message(problem: Mapping[str, Any]) -> str:
+    code = str(problem.get("code", ""))
+    detail = str(problem.get("detail") or problem.get("title") or "error")
+    if code in _PROBLEM_MESSAGES:
+        return _PROBLEM_MESSAGES[code].format(detail=detail)
+    if code == "invalid_request":
+        return "The form or the address holds a value the console cannot use: nothing was done."
+    return detail
+
+
+async def problem_page(
+    request: Request, problem: Mapping[str, Any], headers: Mapping[str, str] | None
+) -> Response:
+    """An API-layer problem under ``/ui`` as the console's HTML error page.
+
+    The API's exception handlers and request guards call this for every path under
+    ``/ui`` (wired by ``app.api.app.create_app``): a browser never gets JSON. ``problem``
+    is the RFC 9457 body (``status``, ``title``, ``detail``, ``code``, ``errors``…);
+    ``headers`` (``Retry-After``, ``Connection: close``) are kept. The page is
+    ``error.html`` in the console's layout with the status of the problem, its message
+    in ``role=alert``, each ``errors`` item listed, and a link back. The signed-in user's
+    nav shows for a 4xx when the session can be read; a 5xx (the database may be the
+    cause) or an unreadable session renders without it.
+    """
+    status = int(problem.get("status") or 500)
+    session: ConsoleSession | None = None
+    if status < 500:
+        try:
+            session = await sessions.load_session(request)
+        except Exception:  # noqa: BLE001 - not configured, database down: a page without nav
+            session = None
+    items = problem.get("errors")
+    listed = [
+        (str(e.get("path", "")), str(e.get("message", "")))
+        for e in (items if isinstance(items, list) else [])
+        if isinstance(e, dict)
+    ]
+    response = await render(
+        request,
+        "error.html",
+        {
+            "title": str(problem.get("title") or "Error"),
+            "message": _problem_message(problem),
+            "code": str(problem.get("code") or ""),
+            "errors": listed,
+        },
+        session=session,
+        status_code=status,
+        show_flash=False,
+    )
+    # The console's security headers too: a 500 is sent outside every middleware.
+    for name, value in {**page_headers(), **(headers or {})}.items():
+        response.headers[name] = value
+    return response
+
+
 EXCEPTION_HANDLERS = {
     TreadleAPIError: _api_error,
     sessions.NotSignedIn: _not_signed_in,
     CsrfRejected: _csrf_rejected,
+    FormFieldTooLong: _field_too_long,
     sessions.ConsoleDisabled: _disabled,
 }
 """Installed on the app by :func:`app.console.mount`."""

@@ -7,13 +7,14 @@ version's input schema (:mod:`app.console.schema_form`) and posts ``POST /runs``
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Query, Request
 from fastapi.responses import Response
 
 from app.client import TreadleAPIError, quote_segment
 from app.console import schema_form
+from app.console.query import StartFormQuery
 from app.console.sessions import Session, flash
 from app.console.timestamps import with_times
 from app.console.web import Client, CsrfForm, api_message, form_text, redirect, render
@@ -92,10 +93,18 @@ async def _not_found(request: Request, session: Session, message: str) -> Respon
 
 @router.get("/workflows/{name}/start")
 async def start_form(
-    request: Request, name: str, session: Session, api: Client, version: str = ""
+    request: Request,
+    name: str,
+    session: Session,
+    api: Client,
+    query: Annotated[StartFormQuery, Query()],
 ) -> Response:
-    """The start form for ``name`` (``?version=`` pins one; default the newest)."""
-    version = version.strip()[:100]
+    """The start form for ``name`` (``?version=`` pins one; default the newest).
+
+    A ``version`` over 100 characters or holding control or bidi characters is a 422
+    page (:class:`app.console.query.StartFormQuery`).
+    """
+    version = query.version.strip()
     try:
         wf, ver = await _version(api, name, version)
     except LookupError as exc:

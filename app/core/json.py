@@ -9,7 +9,9 @@ escapes NUL and non-BMP characters, so the text is safe in any TEXT column; Pyth
 from __future__ import annotations
 
 import json
-from typing import Any
+import sys
+from collections.abc import Collection
+from typing import Any, NamedTuple
 
 from app.core.errors import InvalidInput, PayloadTooLarge
 
@@ -23,7 +25,7 @@ def dumps(value: Any) -> str:
     return json.dumps(value, ensure_ascii=True, separators=(",", ":"), allow_nan=False)
 
 
-def canonical_dumps(value: Any) -> str:
+def canonical_dumps(value: Any, *, plain_members: Collection[str] = ()) -> str:
     """Encode a JSON value canonically: equal JSON values give equal text.
 
     For comparing requests, never for storing them (payloads are kept as given). Object
@@ -35,11 +37,23 @@ def canonical_dumps(value: Any) -> str:
     (``"é"`` precomposed and ``"é"`` decomposed are different requests). Booleans stay
     booleans (``true`` is not ``1``).
 
+    ``plain_members`` names members of ``value`` (an object) that :func:`check_depth`
+    found plain (no float, no non-string key): they are already in canonical form but
+    for key order, which the encoder sorts, so they are not copied. The text is the same
+    as without them; it saves a walk of a large payload (a batch's run inputs).
+
     Raises:
         TypeError / ValueError: as :func:`dumps` (not JSON-serialisable, NaN).
     """
+    if plain_members and isinstance(value, dict):
+        canonical: Any = {
+            _canonical_key(key): child if key in plain_members else _canonical(child)
+            for key, child in value.items()
+        }
+    else:
+        canonical = _canonical(value)
     return json.dumps(
-        _canonical(value),
+        canonical,
         ensure_ascii=True,
         separators=(",", ":"),
         allow_nan=False,
@@ -109,19 +123,27 @@ def _unicode_ok(text: str) -> bool:
     return True
 
 
-def check_depth(value: Any, what: str, max_depth: int = MAX_DEPTH) -> None:
+def check_depth(value: Any, what: str, max_depth: int = MAX_DEPTH) -> bool:
     """Refuse payloads nested too deep or holding strings that are not valid Unicode.
 
     Lone surrogates: JSON can spell them, but no typed model accepts them, so they would
     fail the run later; refusing them up front loses nothing. Iterative, so no recursion
     limit applies.
 
+    Returns:
+        Whether the value is plain: it holds no float and no object key that is not a
+        string, so :func:`canonical_dumps` need not copy it (``plain_members``).
+
     Raises:
         InvalidInput: too deep, or a lone surrogate.
     """
+    plain = True
     stack: list[tuple[Any, int]] = [(value, 1)]
     while stack:
         item, depth = stack.pop()
+        if isinstance(item, float):
+            plain = False
+            continue
         if isinstance(item, str):
             if not _unicode_ok(item):
                 raise InvalidInput(
@@ -131,6 +153,8 @@ def check_depth(value: Any, what: str, max_depth: int = MAX_DEPTH) -> None:
             continue
         if isinstance(item, dict):
             stack.extend((key, depth) for key in item)
+            if plain and not all(isinstance(key, str) for key in item):
+                plain = False
         if isinstance(item, dict | list):
             if depth > max_depth:
                 raise InvalidInput(
@@ -139,9 +163,30 @@ def check_depth(value: Any, what: str, max_depth: int = MAX_DEPTH) -> None:
                 )
             children = item.values() if isinstance(item, dict) else item
             stack.extend((child, depth + 1) for child in children)
+        elif item is not None and not isinstance(item, int):  # bool is an int
+            # A tuple or a value JSON cannot hold: left to canonical_dumps to copy or refuse.
+            plain = False
+    return plain
+
+
+class Encoded(NamedTuple):
+    """A payload encoded by :func:`encode_limited`."""
+
+    text: str
+    """The JSON text, as :func:`dumps` writes it (what is stored)."""
+    plain: bool
+    """:func:`check_depth`'s verdict: no float, no non-string key."""
 
 
 def dumps_limited(value: Any, limit: int, what: str) -> str:
+    """Encode like :func:`dumps`, then enforce the payload byte ceiling.
+
+    The text of :func:`encode_limited` (same arguments and errors).
+    """
+    return encode_limited(value, limit, what).text
+
+
+def encode_limited(value: Any, limit: int, what: str) -> Encoded:
     """Encode like :func:`dumps`, then enforce the payload byte ceiling.
 
     Args:
@@ -154,7 +199,7 @@ def dumps_limited(value: Any, limit: int, what: str) -> str:
         InvalidInput: nested deeper than :data:`MAX_DEPTH`, a lone surrogate, NaN or
             Infinity, or a value JSON cannot represent (a set, bytes, a tuple as a key).
     """
-    check_depth(value, what)
+    plain = check_depth(value, what)
     try:
         text = dumps(value)
     except ValueError as exc:  # NaN / Infinity: Python parses them, JSON does not have them
@@ -173,4 +218,69 @@ def dumps_limited(value: Any, limit: int, what: str) -> str:
             limit_bytes=limit,
             size_bytes=len(text),
         )
-    return text
+    return Encoded(text, plain)
+
+
+class DuplicateKey(ValueError):
+    """A JSON object names the same key twice (``key``)."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def unique_object(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """``object_pairs_hook`` refusing a key given twice in one object.
+
+    Raises:
+        DuplicateKey: the first repeated key. Two parsers may keep different values of a
+            repeated key (docs/api.md, "Strict JSON"), so it is refused, never resolved.
+    """
+    obj = dict(pairs)
+    if len(obj) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
+    return obj
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def parse_text(text: str, what: str) -> Any:
+    """Decode JSON a person typed (a console field, a CLI option) under the API's rules.
+
+    The same refusals as a request body (app/api/request_guards.py) and a payload
+    (:func:`check_depth`), so a value the API would refuse is never re-encoded into one it
+    accepts: invalid JSON (with line and column), a key repeated in one object, NaN or
+    Infinity, an integer past ``sys.get_int_max_str_digits()`` digits, nesting deeper than
+    :data:`MAX_DEPTH`, a lone surrogate. ``what`` names the value in the message ("The
+    payload", "--input").
+
+    Raises:
+        InvalidInput: why, naming ``what``; nothing was sent.
+    """
+    try:
+        value = json.loads(text, object_pairs_hook=unique_object, parse_constant=_refuse_constant)
+    except DuplicateKey as exc:
+        raise InvalidInput(
+            f"{what} repeats the key {exc.key[:64]!r} in one object; keys must be unique"
+        ) from None
+    except json.JSONDecodeError as exc:
+        raise InvalidInput(
+            f"{what} is not valid JSON (line {exc.lineno}, column {exc.colno}: {exc.msg})"
+        ) from None
+    except RecursionError:
+        raise InvalidInput(f"{what} is nested deeper than {MAX_DEPTH} levels") from None
+    except ValueError:
+        # A NaN/Infinity constant, or an integer Python refuses to convert (its digit
+        # limit, CVE-2020-10735).
+        raise InvalidInput(
+            f"{what} holds a number JSON cannot carry (NaN, Infinity, or an integer of "
+            f"more than {sys.get_int_max_str_digits()} digits: send that as a string)"
+        ) from None
+    check_depth(value, what)
+    return value

@@ -24,6 +24,16 @@ STEP_LOGGER = "treadle.steps"
 app/engine/story_log.py)."""
 
 
+DEBUG_ONLY_LOGGERS = ("alembic.runtime.plugins",)
+"""Loggers whose INFO lines show only when ``TREADLE_LOG_LEVEL`` is ``debug``.
+
+Alembic logs one "setup plugin ..." line per autogenerate plugin whenever it loads its
+script directory, which every command checking the schema does (``treadle maintenance
+...``, ``treadle worker``): noise on an operator's terminal. Alembic's migration lines
+(``alembic.runtime.migration``: "Running upgrade ...") stay at the normal level.
+"""
+
+
 def level_number(name: str) -> int:
     """The stdlib level number of a level name (``"info"``, ``"WARNING"``, …).
 
@@ -112,10 +122,12 @@ def configure_logging(settings: Settings, *, stream: TextIO | None = None) -> No
 
     Records carry bound context (run id, step id, workflow, worker id, request id) as
     fields. ``TREADLE_LOG_LEVEL`` is the root level; ``TREADLE_STEP_LOG_LEVEL`` (default:
-    the same) the level of :data:`STEP_LOGGER` alone. Replaces the root logger's handlers
-    (one handler, so lines written from threads never interleave), removes the handlers
-    of every other existing logger and turns their propagation back on (a uvicorn default
-    config or a library's own handler would print past the pipeline), and routes
+    the same) the level of :data:`STEP_LOGGER` alone; the loggers of
+    :data:`DEBUG_ONLY_LOGGERS` show below WARNING only at ``debug``. Replaces the root
+    logger's handlers (one handler, so lines written from threads never interleave),
+    removes the handlers of every other existing logger and turns their propagation back
+    on (a uvicorn default config or a library's own handler would print past the
+    pipeline), and routes
     ``warnings`` through logging.
 
     Raises:
@@ -133,6 +145,9 @@ def configure_logging(settings: Settings, *, stream: TextIO | None = None) -> No
     _route_to_root()
     root.setLevel(level)
     logging.getLogger(STEP_LOGGER).setLevel(step_level)
+    for name in DEBUG_ONLY_LOGGERS:
+        # Their INFO lines are a library's start-up chatter, not news for the operator.
+        logging.getLogger(name).setLevel(level if level <= logging.DEBUG else logging.WARNING)
     logging.captureWarnings(True)
     structlog.configure(
         processors=[

@@ -53,6 +53,13 @@ SCHEDULE_TO_START = Histogram(
     ["workflow"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
+GROUP_COMMIT_ROWS = Histogram(
+    "treadle_group_commit_rows",
+    "Rows per group commit of a worker's checkpoints (app/db/group_commit.py), by kind "
+    "(start_attempt, record_success, complete_run); 1 is a write that found no company.",
+    ["kind"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024),
+)
 LEASE_LOSSES = Counter(
     "treadle_lease_losses_total", "Executions abandoned because their lease (fence) moved."
 )

@@ -410,6 +410,15 @@ class Settings(BaseSettings):
         description="Attempts of one step interrupted by a lost worker (kill -9, crash) that "
         "do not count against its retry budget; beyond this the step fails.",
     )
+    step_start_record_after_seconds: float = Field(
+        default=0.1,
+        ge=0.0,
+        le=3600.0,
+        description="PostgreSQL: a step attempt's start record is written with its result "
+        "(one commit per step) unless the attempt runs longer than this, emits, or fails; "
+        "0 writes it before every attempt, as SQLite always does "
+        "(docs/adr/0040-one-commit-per-step.md).",
+    )
     lease_ttl_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
     heartbeat_interval_seconds: float = Field(default=10.0, gt=0.0)
     poll_interval_seconds: float = Field(default=1.0, ge=0.01, le=60.0)
@@ -420,6 +429,23 @@ class Settings(BaseSettings):
         description="Window in which one process folds its submits' worker wake-ups into one "
         "NOTIFY, sent after commit (docs/adr/0037-coalesced-wake-ups.md); 0 still sends at "
         "most one at a time.",
+    )
+    group_commit_window_ms: float = Field(
+        default=1.0,
+        ge=-1.0,
+        le=1000.0,
+        description="PostgreSQL: how long a worker process collects its runs' plain "
+        "checkpoints (a step's start and result, a bare completion) to send them as one "
+        "statement and one commit, each row fenced on its own "
+        "(docs/adr/0039-group-commit.md); 0 takes only what arrives in the same event-loop "
+        "turn; -1 (any negative value) turns group commit off: one statement per write.",
+    )
+    group_commit_max_rows: int = Field(
+        default=64,
+        ge=1,
+        le=10_000,
+        description="Rows of one kind that send a group commit at once, before its window "
+        "ends (docs/adr/0039-group-commit.md).",
     )
     worker_concurrency: int = Field(default=16, ge=1, le=1000)
     batch_chunk_size: int = Field(

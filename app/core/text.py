@@ -8,13 +8,17 @@ mid-send), and control, format and bidirectional characters rewrite what a reade
 line). :func:`printable` escapes exactly those, the way JSON would spell them, and keeps
 every other character (accents, CJK, emoji) as it is. See docs/security.md.
 
-Also :func:`human_duration`, the one spelling of a duration in text meant for people (the
-run report).
+Also :func:`text_problem`, the one rule for text a client *gives* Treadle as an
+identifier or an operator's words (idempotency and concurrency keys, versions, reasons,
+comments, names, the filters that match them), which the API, the console and the CLI
+share; and :func:`human_duration`, the one spelling of a duration in text meant for
+people (the run report).
 """
 
 from __future__ import annotations
 
 import math
+import re
 import unicodedata
 
 # Unicode general categories a reader cannot see as themselves: control (Cc: C0, DEL,
@@ -53,6 +57,63 @@ def printable(text: str, *, keep: str = "") -> str:
         _escape(c) if c not in keep and unicodedata.category(c) in _HIDDEN_CATEGORIES else c
         for c in text
     )
+
+
+BIDI_CONTROLS = frozenset(
+    "\u061c\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069"
+)
+"""The bidirectional control characters (Unicode UAX #9, "Explicit Directional
+Formatting" and the implicit marks): ALM U+061C, LRM/RLM U+200E/U+200F, the embeddings
+and overrides U+202A..U+202E and the isolates U+2066..U+2069. In an identifier they make
+two keys that look alike differ and reorder what a reader sees (``order-\u202e1fdp.exe``)."""
+
+_CONTROLS = r"\x00-\x1f\x7f-\x9f"
+_BIDI = r"\u061c\u200e\u200f\u202a-\u202e\u2066-\u2069"
+TEXT_PATTERN = f"^[^{_CONTROLS}{_BIDI}]*$"
+""":func:`text_problem` as a regular expression, for the OpenAPI document's ``pattern``
+(lone surrogates aside, which no JSON document can carry as text)."""
+
+_REFUSED = re.compile(f"[{_CONTROLS}{_BIDI}]")
+
+
+def text_problem(value: str) -> str | None:
+    r"""Why ``value`` cannot be a text field a client gives Treadle, or None when it can.
+
+    The rule (docs/api.md, "Conventions", "Text fields"): no control character (C0
+    ``\x00``-``\x1f``, DEL, C1 ``\x80``-``\x9f``: NUL cannot be stored by PostgreSQL, CR
+    and LF forge log lines), no bidirectional control (:data:`BIDI_CONTROLS`), no lone
+    surrogate (not encodable as UTF-8). Everything else is kept (accents, CJK, emoji with
+    their joiners). One regex search: every item of a 1,000-run batch passes here.
+    Payload values (run input, signal payloads) are data, never checked by this.
+
+    Returns:
+        None, or a message naming the first refused character as ``U+XXXX``.
+    """
+    found = _REFUSED.search(value)
+    if found is not None:
+        char = found.group()
+        kind = "bidirectional control" if char in BIDI_CONTROLS else "control"
+        return f"{kind} characters are not allowed (U+{ord(char):04X} at index {found.start()})"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        return f"not valid unicode (lone surrogate U+{ord(value[exc.start]):04X})"
+    return None
+
+
+def checked_text(value: str) -> str:
+    """``value`` itself if :func:`text_problem` finds nothing: a validator for typed models.
+
+    The API's identifier fields and the console's query parameters wrap it in pydantic's
+    ``AfterValidator``, so a refusal is that field's validation error.
+
+    Raises:
+        ValueError: :func:`text_problem`'s message.
+    """
+    problem = text_problem(value)
+    if problem is not None:
+        raise ValueError(problem)
+    return value
 
 
 def human_duration(seconds: float) -> str:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Callable
 from datetime import UTC, datetime
 
 PARTITIONED_TABLES: tuple[str, ...] = ("steps", "events", "runs_archive")
@@ -61,3 +62,25 @@ def include_name(name: str | None, type_: str, parent_names: object) -> bool:
     comparison of the metadata with the database must not read them as stray tables.
     """
     return not (type_ == "table" and name is not None and is_partition(name))
+
+
+def include_object_for(dialect: str) -> Callable[[object, str | None, str, bool, object], bool]:
+    """Alembic's ``include_object`` hook for ``dialect``: skip another dialect's objects.
+
+    A constraint or index of ``tables.py`` made for one dialect only (``.ddl_if(dialect=
+    …)``: the SQLite-only tenant-leading unique keys beside a rowid, revision 0027,
+    docs/adr/0034-tenant-leading-keys.md) is created by neither ``create_all`` nor the
+    migrations on the other, so a comparison there must not ask for it. Reflected objects
+    are always kept: a stray one in the database is still reported.
+    """
+
+    def include_object(
+        obj: object, name: str | None, type_: str, reflected: bool, compare_to: object
+    ) -> bool:
+        condition = getattr(obj, "_ddl_if", None)
+        if reflected or condition is None or condition.dialect is None:
+            return True
+        wanted = condition.dialect
+        return dialect == wanted if isinstance(wanted, str) else dialect in wanted
+
+    return include_object

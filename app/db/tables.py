@@ -11,7 +11,6 @@ from sqlalchemy import (
     BigInteger,
     CheckConstraint,
     Column,
-    ForeignKey,
     ForeignKeyConstraint,
     Index,
     Integer,
@@ -98,7 +97,7 @@ workers = Table(
 runs = Table(
     "runs",
     metadata,
-    Column("run_id", Uuid, primary_key=True),
+    Column("run_id", Uuid, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("workflow", String(200), nullable=False),
     Column("version", String(64), nullable=False),
@@ -121,6 +120,10 @@ runs = Table(
     # carries ``fence = :fence`` so a worker that lost its lease can never commit.
     Column("fence", BigInteger, nullable=False, server_default=text("0")),
     Column("attempt", Integer, nullable=False, server_default=text("0")),
+    # Claims in a row whose lease was lost before any step progress was journaled
+    # (revision 0025, docs/adr/0040-one-commit-per-step.md): a fast step writes no
+    # ``running`` start record, so this is what counts its lost attempts.
+    Column("lost_claims", Integer, nullable=False, server_default=text("0")),
     Column("lease_owner", String(200), nullable=True),
     Column("lease_expires_at", UtcDateTime, nullable=True),
     # When the run may next be claimed: queued/retry/timer due time, or the lease expiry of
@@ -166,14 +169,22 @@ runs = Table(
     # docs/adr/0026-traces-as-an-optional-extra.md).
     Column("trace_parent", String(55), nullable=True),
     Column("trace_state", String(512), nullable=True),
+    # Tenant-leading (revision 0027, docs/adr/0034-tenant-leading-keys.md). No UNIQUE
+    # (run_id) beside it: run ids are UUIDv7s minted by app.core.ids.new_run_id, unique by
+    # construction, and a distributed table could not enforce a key without tenant_id.
+    PrimaryKeyConstraint("tenant_id", "run_id"),
     UniqueConstraint("tenant_id", "idempotency_key"),
+    # Not unique (see the key above): the statements that find a run by id alone, the
+    # claim's update of the runs it picked, the lease renewal and the operator paths not
+    # yet keyed by tenant (ADR 0034, revision 0027), stay one-row index lookups. A
+    # distributed table may keep a non-unique index as it is.
+    Index("ix_runs_run_id", "run_id"),
     Index(
         "ix_runs_lease_owner",
         "lease_owner",
         postgresql_where=text("lease_owner IS NOT NULL"),
         sqlite_where=text("lease_owner IS NOT NULL"),
     ),
-    Index("ix_runs_tenant_id_run_id", "tenant_id", "run_id"),
     # Maintenance walks finished runs oldest first (keyset on finished_at, run_id).
     Index(
         "ix_runs_finished_at_run_id",
@@ -235,11 +246,15 @@ LABEL_VALUE = String(256).with_variant(String(256, collation="C"), "postgresql")
 run_labels = Table(
     "run_labels",
     metadata,
-    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("run_id", Uuid, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("key", LABEL_KEY, nullable=False),
     Column("value", LABEL_VALUE, nullable=False),
-    PrimaryKeyConstraint("run_id", "key"),
+    # Tenant-leading (revision 0027, docs/adr/0034-tenant-leading-keys.md).
+    PrimaryKeyConstraint("tenant_id", "run_id", "key"),
+    ForeignKeyConstraint(
+        ["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"], ondelete="CASCADE"
+    ),
     # Equality and prefix (a range on value) per tenant and key, run ids in order.
     Index("ix_run_labels_tenant_id_key_value_run_id", "tenant_id", "key", "value", "run_id"),
 )
@@ -269,7 +284,7 @@ rate_limit_buckets = Table(
 steps = Table(
     "steps",
     metadata,
-    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("run_id", Uuid, nullable=False),
     Column("step_id", String(255), nullable=False),
     Column("tenant_id", String(128), nullable=False),
     # Call order within the run; replay compares it to detect nondeterminism.
@@ -290,8 +305,12 @@ steps = Table(
     Column("started_at", UtcDateTime, nullable=True),
     Column("finished_at", UtcDateTime, nullable=True),
     Column("fence", BigInteger, nullable=False),
-    PrimaryKeyConstraint("run_id", "step_id"),
-    UniqueConstraint("run_id", "seq"),
+    # Tenant-leading (revision 0027, docs/adr/0034-tenant-leading-keys.md).
+    PrimaryKeyConstraint("tenant_id", "run_id", "step_id"),
+    UniqueConstraint("tenant_id", "run_id", "seq"),
+    ForeignKeyConstraint(
+        ["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"], ondelete="CASCADE"
+    ),
     # PostgreSQL: weekly partitions by run id, i.e. by run creation time (revision 0023,
     # docs/adr/0036-time-partitions.md); the keys above contain it, as they must.
     postgresql_partition_by=PARTITION_BY,
@@ -301,27 +320,37 @@ events = Table(
     "events",
     metadata,
     Column("event_id", BigIntPK, primary_key=True, autoincrement=True),
-    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("run_id", Uuid, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("at", UtcDateTime, nullable=False),
     Column("kind", String(64), nullable=False),
     Column("step_id", String(255), nullable=True),
     Column("actor", String(255), nullable=True),
     Column("data", Text, nullable=True),
-    Index("ix_events_run_id_event_id", "run_id", "event_id"),
-    # PostgreSQL: partitioned like steps (revision 0023, docs/adr/0036-time-partitions.md),
-    # so its primary key there is EVENTS_PRIMARY_KEY_POSTGRESQL (a key must contain the
-    # partition key); SQLite keeps event_id alone, its autoincrement rowid. The sequence
-    # keeps event_id unique on both; every reader orders one run's events by it.
+    ForeignKeyConstraint(
+        ["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"], ondelete="CASCADE"
+    ),
+    # Tenant-leading (revision 0027, docs/adr/0034-tenant-leading-keys.md). SQLite keeps
+    # event_id alone as the primary key, its autoincrement rowid (SQLite autoincrements
+    # nothing else), with the tenant-leading key beside it as a unique constraint;
+    # PostgreSQL's primary key is that key (info below), which contains the partition key
+    # as it must (revision 0023, docs/adr/0036-time-partitions.md). The sequence keeps
+    # event_id unique on both; every reader orders one run's events by it, through this
+    # key's (tenant_id, run_id) prefix.
+    UniqueConstraint("tenant_id", "run_id", "event_id").ddl_if(dialect="sqlite"),
+    # Maintenance's cross-tenant pick of old events walks event_id order and its trim
+    # finds events by id (app/db/queries/maintenance.py): SQLite's rowid serves both, and
+    # on PostgreSQL this index does, as the (event_id, run_id) key did before 0027.
+    Index("ix_events_event_id", "event_id").ddl_if(dialect="postgresql"),
     postgresql_partition_by=PARTITION_BY,
-    info={"postgresql_primary_key": ("event_id", "run_id")},
+    info={"postgresql_primary_key": ("tenant_id", "run_id", "event_id")},
 )
 
 dead_letters = Table(
     "dead_letters",
     metadata,
-    Column("dead_letter_id", Uuid, primary_key=True),
-    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("dead_letter_id", Uuid, nullable=False),
+    Column("run_id", Uuid, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("workflow", String(200), nullable=False),
     Column("reason", String(64), nullable=False),
@@ -332,6 +361,11 @@ dead_letters = Table(
     Column("requeued_by", String(255), nullable=True),
     Column("requeue_reason", Text, nullable=True),
     Column("correlation_id", String(255), nullable=True),
+    # Tenant-leading (revision 0027, docs/adr/0034-tenant-leading-keys.md).
+    PrimaryKeyConstraint("tenant_id", "dead_letter_id"),
+    ForeignKeyConstraint(
+        ["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"], ondelete="CASCADE"
+    ),
     Index("ix_dead_letters_tenant_id_status", "tenant_id", "status"),
     Index("ix_dead_letters_run_id", "run_id"),
 )
@@ -340,7 +374,7 @@ signals = Table(
     "signals",
     metadata,
     Column("signal_id", BigIntPK, primary_key=True, autoincrement=True),
-    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("run_id", Uuid, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("name", String(200), nullable=False),
     Column("payload", Text, nullable=True),
@@ -349,13 +383,20 @@ signals = Table(
     # Set once, by the wait that consumed it: a signal is delivered exactly once.
     Column("consumed_step_id", String(255), nullable=True),
     Column("consumed_at", UtcDateTime, nullable=True),
+    # Tenant-leading (revision 0027, docs/adr/0034-tenant-leading-keys.md): as for events,
+    # SQLite's key is the rowid with the tenant-leading key beside it; PostgreSQL's is it.
+    UniqueConstraint("tenant_id", "run_id", "signal_id").ddl_if(dialect="sqlite"),
+    ForeignKeyConstraint(
+        ["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"], ondelete="CASCADE"
+    ),
     Index("ix_signals_run_id_name_signal_id", "run_id", "name", "signal_id"),
+    info={"postgresql_primary_key": ("tenant_id", "run_id", "signal_id")},
 )
 
 approval_decisions = Table(
     "approval_decisions",
     metadata,
-    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("run_id", Uuid, nullable=False),
     Column("step_id", String(255), nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("decided_by", String(255), nullable=False),
@@ -363,7 +404,11 @@ approval_decisions = Table(
     Column("payload", Text, nullable=True),
     Column("comment", Text, nullable=True),
     Column("decided_at", UtcDateTime, nullable=False),
-    PrimaryKeyConstraint("run_id", "step_id", "decided_by"),
+    # Tenant-leading (revision 0027, docs/adr/0034-tenant-leading-keys.md).
+    PrimaryKeyConstraint("tenant_id", "run_id", "step_id", "decided_by"),
+    ForeignKeyConstraint(
+        ["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"], ondelete="CASCADE"
+    ),
 )
 
 api_keys = Table(
@@ -496,7 +541,7 @@ runs_archive = Table(
     # A finished run moved out of ``runs`` by maintenance archival: its summary and (unless
     # compacted first) its payloads; steps, events, signals, decisions and dead letters are
     # dropped. Reads of an archived id answer 404 with code ``run_archived``.
-    Column("run_id", Uuid, primary_key=True),
+    Column("run_id", Uuid, nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("workflow", String(200), nullable=False),
     Column("version", String(64), nullable=False),
@@ -513,7 +558,9 @@ runs_archive = Table(
     Column("finished_at", UtcDateTime, nullable=True),
     Column("compacted_at", UtcDateTime, nullable=True),
     Column("archived_at", UtcDateTime, nullable=False),
-    Index("ix_runs_archive_tenant_id_run_id", "tenant_id", "run_id"),
+    # Tenant-leading (revision 0026, docs/adr/0034-tenant-leading-keys.md); it contains the
+    # partition key, as PostgreSQL requires of a partitioned table's keys.
+    PrimaryKeyConstraint("tenant_id", "run_id"),
     # PostgreSQL: partitioned like steps (revision 0023, docs/adr/0036-time-partitions.md).
     postgresql_partition_by=PARTITION_BY,
 )
@@ -616,7 +663,7 @@ run_logs = Table(
     metadata,
     Column("id", BigIntPK, primary_key=True, autoincrement=True),
     Column("tenant_id", String(128), nullable=False),
-    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("run_id", Uuid, nullable=False),
     Column("seq", Integer, nullable=False),
     Column("origin", String(300), nullable=False),
     Column("at", UtcDateTime, nullable=False),
@@ -625,8 +672,15 @@ run_logs = Table(
     Column("fields", Text, nullable=True),
     Column("step_id", String(255), nullable=True),
     Column("attempt", Integer, nullable=True),
-    UniqueConstraint("run_id", "seq"),
-    UniqueConstraint("run_id", "origin"),
+    # Tenant-leading (revision 0027, docs/adr/0034-tenant-leading-keys.md): as for events,
+    # SQLite's key is the rowid with the tenant-leading key beside it; PostgreSQL's is it.
+    UniqueConstraint("tenant_id", "run_id", "id").ddl_if(dialect="sqlite"),
+    UniqueConstraint("tenant_id", "run_id", "seq"),
+    UniqueConstraint("tenant_id", "run_id", "origin"),
+    ForeignKeyConstraint(
+        ["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"], ondelete="CASCADE"
+    ),
+    info={"postgresql_primary_key": ("tenant_id", "run_id", "id")},
 )
 
 # Events posted to POST /events (revision 0020, docs/adr/0029-event-triggers.md). Named
@@ -663,7 +717,7 @@ inbound_events = Table(
 event_waits = Table(
     "event_waits",
     metadata,
-    Column("run_id", Uuid, ForeignKey("runs.run_id", ondelete="CASCADE"), nullable=False),
+    Column("run_id", Uuid, nullable=False),
     Column("step_id", String(255), nullable=False),
     Column("tenant_id", String(128), nullable=False),
     Column("name", String(200), nullable=False),
@@ -672,7 +726,11 @@ event_waits = Table(
     Column("status", String(16), nullable=False),
     Column("event_id", Uuid, nullable=True),
     Column("delivered_at", UtcDateTime, nullable=True),
-    PrimaryKeyConstraint("run_id", "step_id"),
+    # Tenant-leading (revision 0027, docs/adr/0034-tenant-leading-keys.md).
+    PrimaryKeyConstraint("tenant_id", "run_id", "step_id"),
+    ForeignKeyConstraint(
+        ["tenant_id", "run_id"], ["runs.tenant_id", "runs.run_id"], ondelete="CASCADE"
+    ),
     CheckConstraint("status IN ('waiting', 'delivered', 'timed_out')", name="status"),
     Index("ix_event_waits_tenant_id_name_status", "tenant_id", "name", "status"),
     Index("ix_event_waits_event_id", "event_id"),

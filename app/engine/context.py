@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import math
 import random as _random
 import uuid
 from collections.abc import Awaitable, Callable, Coroutine
@@ -21,6 +22,32 @@ from app.sdk.errors import NondeterminismError
 from app.sdk.events import ReceivedEvent
 from app.sdk.retry import DEFAULT_RETRY, RetryPolicy
 from app.sdk.workflow import WorkflowDefinition
+
+MAX_WAIT_SECONDS = 100 * 366 * 86400
+"""Longest duration a workflow may ask for (a sleep, a timeout): 100 years, in seconds.
+
+Past it a deadline overflows the clock arithmetic (``timedelta``, database timestamps)
+and the run would fail with an internal error instead of at the call (docs/authoring.md).
+"""
+
+
+def check_seconds(value: float, what: str, *, zero: bool = False) -> float:
+    """``value`` as a duration in seconds, or ``ValueError`` naming ``what``.
+
+    A real number (not a bool), finite, > 0 (>= 0 when ``zero``), at most
+    :data:`MAX_WAIT_SECONDS`.
+
+    Raises:
+        ValueError: any other value; nothing is journaled.
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise ValueError(f"{what} must be a number of seconds, got {type(value).__name__}")
+    if not math.isfinite(value) or value < 0 or (value == 0 and not zero):
+        raise ValueError(f"{what} must be {'>=' if zero else '>'} 0 seconds, got {value!r}")
+    if value > MAX_WAIT_SECONDS:
+        raise ValueError(f"{what} must be at most {MAX_WAIT_SECONDS} seconds (100 years)")
+    return value
+
 
 if TYPE_CHECKING:
     from sqlalchemy import RowMapping
@@ -91,8 +118,8 @@ class ReplayContext(WorkflowContext):
         compensate: Callable[[Any], Any] | None = None,
         compensate_retry: RetryPolicy | None = None,
     ) -> Coroutine[Any, Any, Any]:
-        if timeout is not None and timeout <= 0:
-            raise ValueError("step timeout must be > 0 seconds")
+        if timeout is not None:
+            check_seconds(timeout, "step timeout")
         try:
             fn_name = step_name(fn)
         except TypeError:
@@ -135,8 +162,8 @@ class ReplayContext(WorkflowContext):
     ) -> Coroutine[Any, Any, Any]:
         if not inspect.iscoroutinefunction(fn):
             raise TypeError(f"ctx.transaction needs an async def function, got {fn!r}")
-        if timeout is not None and timeout <= 0:
-            raise ValueError("transaction timeout must be > 0 seconds")
+        if timeout is not None:
+            check_seconds(timeout, "transaction timeout")
         fn_name = step_name(fn)
         try:
             step_id, seq, entry = self._assign(name or fn_name, "transaction", fn_name)
@@ -184,8 +211,7 @@ class ReplayContext(WorkflowContext):
 
     def sleep(self, seconds: float) -> Coroutine[Any, Any, None]:
         """See :meth:`app.sdk.context.WorkflowContext.sleep`."""
-        if seconds < 0:
-            raise ValueError("sleep duration must be >= 0 seconds")
+        check_seconds(seconds, "sleep duration", zero=True)
         try:
             step_id, seq, entry = self._assign("sleep", "timer", "sleep")
         except NondeterminismError as err:
@@ -209,8 +235,8 @@ class ReplayContext(WorkflowContext):
     def signal(self, name: str, *, timeout: float | None = None) -> Coroutine[Any, Any, Any]:
         """See :meth:`app.sdk.context.WorkflowContext.signal`."""
         waits.check_wait_name(name)
-        if timeout is not None and timeout <= 0:
-            raise ValueError("signal timeout must be > 0 seconds")
+        if timeout is not None:
+            check_seconds(timeout, "signal timeout")
         try:
             step_id, seq, entry = self._assign(f"signal:{name}", "signal", name)
         except NondeterminismError as err:
@@ -234,8 +260,8 @@ class ReplayContext(WorkflowContext):
             checked = check_match("match", match)
         except MatchError as exc:
             raise ValueError(str(exc)) from None
-        if timeout is not None and timeout <= 0:
-            raise ValueError("wait_for_event timeout must be > 0 seconds")
+        if timeout is not None:
+            check_seconds(timeout, "wait_for_event timeout")
         try:
             step_id, seq, entry = self._assign(f"event:{name}", "event", name)
         except NondeterminismError as err:
@@ -270,8 +296,8 @@ class ReplayContext(WorkflowContext):
         waits.check_wait_name(name)
         if not 1 <= approvals <= 100:
             raise ValueError("approvals must be within 1..100")
-        if timeout is not None and timeout <= 0:
-            raise ValueError("approval timeout must be > 0 seconds")
+        if timeout is not None:
+            check_seconds(timeout, "approval timeout")
         try:
             step_id, seq, entry = self._assign(name, "approval", name)
         except NondeterminismError as err:

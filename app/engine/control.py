@@ -135,7 +135,7 @@ async def _cancel_in(
             data={"by": "cancel"},
         )
     if not status.is_terminal:
-        for child_id in await _joined_children(conn, run_id):
+        for child_id in await _joined_children(conn, run_id, tenant_id):
             await _cancel_in(
                 conn,
                 tenant_id=tenant_id,
@@ -156,16 +156,18 @@ async def _cancel_in(
         return await _cancel_requested(
             conn, tenant_id, run_id, actor, {"reason": reason, "while": status.value}
         )
-    if not status.is_terminal and await steps_q.has_compensations(conn, run_id):
+    if not status.is_terminal and await steps_q.has_compensations(
+        conn, run_id, tenant_id=tenant_id
+    ):
         # Undo first: a worker claims the run, runs its compensations in reverse
         # order, and only then is it ``cancelled``. A run waiting for a concurrency slot
         # (a requeued one with compensations) waits on, and undoes once admitted.
         # The run row first, then its steps: the order a worker's checkpoint locks them.
         await runs_q.request_cancel(conn, run_id=run_id, due=not waits)
-        await steps_q.cancel_running(conn, run_id)
+        await steps_q.cancel_running(conn, run_id, tenant_id=tenant_id)
         return await _cancel_requested(conn, tenant_id, run_id, actor, {"reason": reason})
     if await runs_q.cancel_run(conn, run_id=run_id, tenant_id=tenant_id):
-        await steps_q.cancel_running(conn, run_id)
+        await steps_q.cancel_running(conn, run_id, tenant_id=tenant_id)
         await events_q.append(
             conn,
             run_id=run_id,
@@ -174,17 +176,20 @@ async def _cancel_in(
             actor=actor,
             data={"reason": reason},
         )
-        await webhooks.run_became_terminal(conn, run_id)
+        await webhooks.run_became_terminal(conn, run_id, tenant_id=tenant_id)
         # The cancelled run's concurrency slot goes to the key's oldest waiter.
         if await slots.release(conn, run):
             await notify(conn)
     return await runs_q.get_run(conn, tenant_id, run_id)
 
 
-async def _joined_children(conn: AsyncConnection, run_id: uuid.UUID) -> list[uuid.UUID]:
+async def _joined_children(
+    conn: AsyncConnection, run_id: uuid.UUID, tenant_id: str
+) -> list[uuid.UUID]:
     rows = (
         await conn.execute(
             select(steps.c.detail).where(
+                steps.c.tenant_id == tenant_id,
                 steps.c.run_id == run_id,
                 steps.c.kind == "child",
                 steps.c.status == StepStatus.WAITING.value,
@@ -262,7 +267,7 @@ async def signal_in(
     """:func:`send_signal` inside the caller's transaction, the payload already encoded."""
     run = await runs_q.lock_run(conn, tenant_id, run_id, owner=owner)
     _require_live(run)
-    buffered = await signals_q.count_buffered(conn, run_id)
+    buffered = await signals_q.count_buffered(conn, run_id, tenant_id=tenant_id)
     limit = settings.max_signals_buffered_per_run
     if buffered >= limit:
         raise CeilingExceeded(
@@ -283,7 +288,7 @@ async def signal_in(
         data={"signal": name, "signal_id": signal_id},
     )
     if run["status"] == RunStatus.WAITING_SIGNAL.value:
-        await runs_q.make_due(conn, run_id=run_id)
+        await runs_q.make_due(conn, run_id=run_id, tenant_id=tenant_id)
         await notify(conn)
     return signal_id
 
@@ -324,7 +329,11 @@ async def decide_approval(
         step = (
             (
                 await conn.execute(
-                    select(steps).where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+                    select(steps).where(
+                        steps.c.tenant_id == run["tenant_id"],
+                        steps.c.run_id == run_id,
+                        steps.c.step_id == step_id,
+                    )
                 )
             )
             .mappings()
@@ -351,7 +360,9 @@ async def decide_approval(
                 f"{subject!r} submitted this run and may not decide its approval {step_id!r}"
             )
         needed = int(detail.get("approvals", 1))
-        existing = list(await approvals_q.list_decisions(conn, run_id, step_id))
+        existing = list(
+            await approvals_q.list_decisions(conn, run_id, step_id, tenant_id=tenant_id)
+        )
         if resolve_decisions(existing, needed) is not None:
             raise InvalidState(f"approval {step_id!r} is already decided")
         if not await approvals_q.insert_decision(
@@ -374,10 +385,10 @@ async def decide_approval(
             actor=subject,
             data={"decision": decision, "comment": comment},
         )
-        rows = list(await approvals_q.list_decisions(conn, run_id, step_id))
+        rows = list(await approvals_q.list_decisions(conn, run_id, step_id, tenant_id=tenant_id))
         resolved = resolve_decisions(rows, needed) is not None
         if resolved:
-            await runs_q.make_due(conn, run_id=run_id)
+            await runs_q.make_due(conn, run_id=run_id, tenant_id=tenant_id)
             await notify(conn)
         return resolved
 
@@ -495,14 +506,14 @@ async def _requeue_run(
     cause_error: str | None = None
     if run["cancel_requested_at"] is not None:
         into = RunStatus.CANCELLING
-        await steps_q.reopen_failed_compensations(conn, run_id)
-    elif await steps_q.compensation_began(conn, run_id):
+        await steps_q.reopen_failed_compensations(conn, run_id, tenant_id=run["tenant_id"])
+    elif await steps_q.compensation_began(conn, run_id, tenant_id=run["tenant_id"]):
         into = RunStatus.COMPENSATING
-        await steps_q.reopen_failed_compensations(conn, run_id)
+        await steps_q.reopen_failed_compensations(conn, run_id, tenant_id=run["tenant_id"])
         cause_reason, cause_error = _cause_being_undone(run)
     else:
         into = RunStatus.QUEUED
-        children = await steps_q.reopen_failed_body_steps(conn, run_id)
+        children = await steps_q.reopen_failed_body_steps(conn, run_id, tenant_id=run["tenant_id"])
     slot, waiting = await _slot_for_requeue(conn, run)
     await runs_q.requeue_run(
         conn,
@@ -515,6 +526,7 @@ async def _requeue_run(
     )
     updated = await dl_q.mark_requeued(
         conn,
+        tenant_id=run["tenant_id"],
         dead_letter_id=dead_letter_id,
         actor=actor,
         reason=reason,
@@ -659,7 +671,7 @@ async def resume_in(
     if not await runs_q.make_due_for_resume(conn, run_id=run_id):
         raise InvalidState(f"run {run_id} is {run['status']!r}, not waiting")
     # A step waiting out its retry backoff tries again now; timers keep their time.
-    await steps_q.retry_backoffs_now(conn, run_id)
+    await steps_q.retry_backoffs_now(conn, run_id, tenant_id=tenant_id)
     await events_q.append(
         conn, run_id=run_id, tenant_id=tenant_id, kind=EventKind.RUN_RESUMED, actor=actor
     )

@@ -4,7 +4,7 @@ One :class:`RunEmitter` per execution (one lease's worth of work on one run). An
 checked and encoded here, then held:
 
 - **Workflow code**: held until the execution's next fenced write
-  (:meth:`app.engine.executor.RunExecution.write`) appends it in the same transaction as
+  (``RunJournal._write``, app/engine/journal.py) appends it in the same transaction as
   the journal entry that follows it, as ``ctx.logger`` lines are
   (docs/adr/0027-run-logs.md). An emit made at a journal position the run had already
   passed when this execution claimed it (``position < horizon``) is a replay: nothing is

@@ -30,7 +30,6 @@ from app.db.database import Database
 from app.db.queries import events as run_events_q
 from app.db.queries import inbound_events as q
 from app.db.queries import runs as runs_q
-from app.db.queries import steps as steps_q
 from app.engine.outcomes import PendingWait
 from app.engine.submit import SubmitRequest, Submitter, _version_order, insert_prepared
 from app.engine.waits import open_wait
@@ -39,8 +38,6 @@ from app.sdk.errors import WaitTimedOut
 
 if TYPE_CHECKING:
     from app.engine.executor import RunExecution
-
-_SCAN_PAGE = 200  # events read per page when a starting wait looks back
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,7 +259,9 @@ async def _deliver(conn: AsyncConnection, event: RowMapping, actor: str) -> None
         run = await runs_q.lock_run(conn, event["tenant_id"], run_id)
         if RunStatus(run["status"]).is_terminal:
             continue
-        if not await q.deliver(conn, run_id, wait["step_id"], event["event_id"]):
+        if not await q.deliver(
+            conn, run_id, wait["step_id"], event["event_id"], tenant_id=event["tenant_id"]
+        ):
             continue
         done.add(run_id)
         await run_events_q.append(
@@ -274,7 +273,7 @@ async def _deliver(conn: AsyncConnection, event: RowMapping, actor: str) -> None
             step_id=wait["step_id"],
             data={"event_id": str(event["event_id"]), "name": event["name"]},
         )
-        await runs_q.make_due(conn, run_id=run_id)
+        await runs_q.make_due(conn, run_id=run_id, tenant_id=event["tenant_id"])
 
 
 def received_value(event: RowMapping) -> dict[str, Any]:
@@ -287,28 +286,6 @@ def received_value(event: RowMapping) -> dict[str, Any]:
         "data": json.loads(event["data"]),
         "received_at": received.isoformat(),
     }
-
-
-async def _look_back(
-    conn: AsyncConnection, ex: RunExecution, name: str, match: dict[str, Any], since: datetime
-) -> RowMapping | None:
-    # The oldest event of the name received since the run was created that matches, was
-    # delivered to none of the run's waits yet, and did not start this very run.
-    taken = await q.delivered_to_run(conn, ex.run_id)
-    own = str(ex.run_id)
-    after: uuid.UUID | None = None
-    while True:
-        page = await q.events_since(
-            conn, ex.tenant_id, name, since=since, after_event_id=after, limit=_SCAN_PAGE
-        )
-        for event in page:
-            if event["event_id"] in taken or own in json.loads(event["started_run_ids"]):
-                continue
-            if matches(match, json.loads(event["data"])):
-                return event
-        if len(page) < _SCAN_PAGE:
-            return None
-        after = page[-1]["event_id"]
 
 
 async def wait_for_event(
@@ -325,7 +302,10 @@ async def wait_for_event(
 
     Journaled as a step of kind ``event`` (name = the event name): its output is
     :func:`received_value` of the delivered event, replayed verbatim. The run waits as
-    ``waiting_event`` (``waiting_on`` ``event:<name>``) until a post delivers one.
+    ``waiting_event`` (``waiting_on`` ``event:<name>``) until a post delivers one. What an
+    event is and what matches are decided here; the writes (wait, mailbox, look-back,
+    delivery, result, timeout) are the journal's (``ex.journal.waits``,
+    docs/adr/0038-one-writer-of-leased-run-state.md).
 
     Raises:
         WaitTimedOut: ``timeout`` seconds (database time, from when the wait was first
@@ -337,123 +317,38 @@ async def wait_for_event(
     deadline = await open_wait(ex, step_id=step_id, kind="event", entry=entry, timeout=timeout)
     # Journaled twice (step detail, mailbox): bounded like any payload.
     match_text = json.dumps_limited(match, ex.settings.max_payload_bytes, "wait_for_event match")
-    outcome: dict[str, Any] = {}
+    own = str(ex.run_id)
 
-    async def attempt(conn: AsyncConnection) -> None:
-        outcome.clear()  # a conflict re-runs the transaction: keep only the last run's
-        event: RowMapping | None = None
-        if entry is None:
-            await steps_q.insert_step(
-                conn,
-                run_id=ex.run_id,
-                tenant_id=ex.tenant_id,
-                step_id=step_id,
-                seq=seq,
-                kind="event",
-                name=name,
-                status=StepStatus.WAITING,
-                fence=ex.fence,
-                deadline=deadline,
-                detail=json.dumps({"event": name, "match": match, "timeout": timeout}),
-            )
-            await run_events_q.append(
-                conn,
-                run_id=ex.run_id,
-                tenant_id=ex.tenant_id,
-                kind=EventKind.WAIT_STARTED,
-                step_id=step_id,
-                data={
-                    "kind": "event",
-                    "name": name,
-                    "deadline": deadline.isoformat() if deadline else None,
-                },
-            )
-            # Under the name's lock: every event posted before this is seen here, every
-            # one posted after sees this wait open (docs/adr/0029-event-triggers.md).
-            await q.lock_name(conn, ex.tenant_id, name)
-            since: datetime = ex.run["created_at"]
-            await q.insert_wait(
-                conn,
-                run_id=ex.run_id,
-                step_id=step_id,
-                tenant_id=ex.tenant_id,
-                name=name,
-                match=match_text,
-                since=since,
-            )
-            event = await _look_back(conn, ex, name, match, since)
-            if event is not None:
-                assert await q.deliver(conn, ex.run_id, step_id, event["event_id"])
-                await run_events_q.append(
-                    conn,
-                    run_id=ex.run_id,
-                    tenant_id=ex.tenant_id,
-                    kind=EventKind.EVENT_DELIVERED,
-                    step_id=step_id,
-                    data={"event_id": str(event["event_id"]), "name": name},
-                )
-        else:
-            wait = await q.get_wait(conn, ex.run_id, step_id)
-            assert wait is not None  # written with the step
-            if wait["status"] == "delivered":
-                event = await q.get_event(conn, ex.tenant_id, wait["event_id"])
-            elif deadline is not None and deadline <= ex.db_now():
-                if await q.time_out(conn, ex.run_id, step_id):
-                    await _time_out(conn)
-                    return
-                # An event won the race for the mailbox: take it.
-                wait = await q.get_wait(conn, ex.run_id, step_id)
-                assert wait is not None
-                event = await q.get_event(conn, ex.tenant_id, wait["event_id"])
-        if event is not None:
-            value = received_value(event)
-            await steps_q.finish_attempt(
-                conn,
-                run_id=ex.run_id,
-                step_id=step_id,
-                status=StepStatus.SUCCEEDED,
-                output=json.dumps(value),
-                error=None,
-                fence=ex.fence,
-            )
-            outcome["value"] = value
-        elif entry is None and deadline is not None and deadline <= ex.db_now():
-            assert await q.time_out(conn, ex.run_id, step_id)
-            await _time_out(conn)
-
-    async def _time_out(conn: AsyncConnection) -> None:
-        data = {"kind": "event", "event": name}
-        await steps_q.finish_attempt(
-            conn,
-            run_id=ex.run_id,
-            step_id=step_id,
-            status=StepStatus.TIMED_OUT,
-            output=None,
-            error=json.dumps(data),
-            fence=ex.fence,
+    def wanted(event: RowMapping) -> bool:
+        # A starting wait looks back for an event that matches and did not start this
+        # very run (its trigger's input is that event already).
+        return own not in json.loads(event["started_run_ids"]) and matches(
+            match, json.loads(event["data"])
         )
-        await run_events_q.append(
-            conn,
-            run_id=ex.run_id,
-            tenant_id=ex.tenant_id,
-            kind=EventKind.WAIT_TIMED_OUT,
-            step_id=step_id,
-            data=data,
-        )
-        outcome["timed_out"] = True
 
-    await ex.write(attempt)
-    if "value" in outcome:
-        result: dict[str, Any] = outcome["value"]
+    if entry is None:
+        taken = await ex.journal.waits.open_event_wait(
+            step_id=step_id,
+            seq=seq,
+            name=name,
+            deadline=deadline,
+            detail={"event": name, "match": match, "timeout": timeout},
+            match=match_text,
+            # The look-back window: every event received since the run was created.
+            since=ex.run["created_at"],
+            wanted=wanted,
+            received=received_value,
+        )
+    else:
+        taken = await ex.journal.waits.take_delivered_event(
+            step_id=step_id, name=name, deadline=deadline, received=received_value
+        )
+    if taken.found:
+        result: dict[str, Any] = taken.value
         return result
-    if outcome.get("timed_out"):
+    if taken.timed_out:
         assert deadline is not None
         raise WaitTimedOut(step_id, "event", deadline.isoformat())
-
-    async def delivered(conn: AsyncConnection) -> bool:
-        wait = await q.get_wait(conn, ex.run_id, step_id)
-        return wait is not None and wait["status"] == "delivered"
-
     remaining = None if deadline is None else (deadline - ex.db_now()).total_seconds()
     await ex.suspend(
         PendingWait(
@@ -461,6 +356,6 @@ async def wait_for_event(
             RunStatus.WAITING_EVENT,
             "event",
             name,
-            delivered,
+            ex.journal.waits.event_delivered(step_id),
         )
     )

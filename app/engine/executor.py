@@ -26,7 +26,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 import structlog
 from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import RowMapping
-from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json, metrics, tracing
 from app.core.errors import CeilingExceeded, InvalidInput, PayloadTooLarge
@@ -107,6 +106,8 @@ class RunExecution:
         definition: the pinned workflow definition.
         journal: the run's ``steps`` rows (kept as :attr:`entries`).
         worker_id: for step info and logs.
+        claim_sent: ``time.monotonic()`` taken before the claim statement was sent, if the
+            caller knows it (the worker does); it bounds :meth:`attempt_started_at`.
 
     Every write goes through :attr:`journal` (:class:`app.engine.journal.RunJournal`).
     """
@@ -120,6 +121,8 @@ class RunExecution:
         journal: Sequence[RowMapping],
         worker_id: str,
         submitter: Submitter | None = None,
+        *,
+        claim_sent: float | None = None,
     ) -> None:
         self.db = db
         self.settings = settings
@@ -134,6 +137,7 @@ class RunExecution:
         self.entries_by_seq: dict[int, RowMapping] = {int(r["seq"]): r for r in journal}
         self._db_now_at_claim: datetime = run["updated_at"]
         self._mono_at_claim = time.monotonic()
+        self._mono_claim_sent = self._mono_at_claim if claim_sent is None else claim_sent
         # The one writer of this run's state under our fence.
         self.journal = RunJournal(db, settings, run, worker_id, clock=self.db_now)
         self._active = 0
@@ -175,8 +179,8 @@ class RunExecution:
             max_line_bytes=settings.run_log_max_line_bytes,
             max_lines=settings.run_log_max_lines,
         )
-        # ctx.emit: workflow emits ride on write() like log lines, step emits are written
-        # as made (docs/adr/0028-live-event-streams.md).
+        # ctx.emit: workflow emits ride on the journal's writes like log lines, step emits
+        # are written as made (docs/adr/0028-live-event-streams.md).
         self.emitter = RunEmitter(
             run_id=self.run_id,
             horizon=max(body_seqs) + 1 if body_seqs else 0,
@@ -188,16 +192,28 @@ class RunExecution:
         self.journal.attach(self.logbook, self.emitter)
 
     def db_now(self) -> datetime:
-        """The database clock, estimated from the claim time plus local monotonic time."""
+        """The database clock, estimated from the claim time plus local monotonic time.
+
+        Never later than the database's own clock (the claim's ``now()`` happened before
+        this execution was built), so a deadline computed from it is never early by more
+        than the claim's round trip and a line stamped with it never postdates the
+        commit that writes it.
+        """
         return self._db_now_at_claim + timedelta(seconds=time.monotonic() - self._mono_at_claim)
 
-    async def write(self, fn: Callable[[AsyncConnection], Awaitable[None]]) -> None:
-        """A fenced write of statements kept beside their own concept (app/engine/events.py).
+    def attempt_started_at(self) -> datetime:
+        """A step attempt's ``started_at``: the database clock, estimated from above.
 
-        Delegates to :meth:`app.engine.journal.RunJournal.write`, which documents the
-        fence, the riders and the errors (``LeaseLost``, ``CheckpointFault``).
+        Counted from before the claim statement was sent, so never earlier than the
+        database clock now (clock rates aside), hence never earlier than the
+        ``finished_at`` (a ``now()``) of anything this run committed before the attempt
+        began: a step never appears to start before the steps it waited for finished
+        (``db_now`` lags the database by the claim's round trip, and did show that). The
+        write caps it with ``LEAST(started_at, now())`` of its own transaction, so it is
+        never later than the attempt's record either. Without ``claim_sent`` it is
+        :meth:`db_now`.
         """
-        await self.journal.write(fn)
+        return self._db_now_at_claim + timedelta(seconds=time.monotonic() - self._mono_claim_sent)
 
     async def execute(self) -> Outcome:
         """Replay and advance the run until it completes, fails or must wait.
@@ -208,7 +224,7 @@ class RunExecution:
         Raises:
             LeaseLost: a checkpoint found the fence moved; the caller abandons the run.
             CheckpointFault: a checkpoint met a transient database fault; the caller
-                gives the run back (:meth:`app.engine.journal.RunJournal.write`).
+                gives the run back (``RunJournal._write``, app/engine/journal.py).
         """
         describe_errors_for(str(self.run_id), self.definition.name, self.settings.error_tracebacks)
         try:
@@ -614,19 +630,27 @@ class RunExecution:
                 # not use the retry budget, up to TREADLE_MAX_LOST_ATTEMPTS: past that the
                 # step itself is the likely killer (a poison pill) and fails.
                 lost += 1
-                if lost > self.settings.max_lost_attempts:
-                    info = {
-                        "type": "WorkerLost",
-                        "message": f"{lost} attempts were interrupted by a lost worker "
-                        f"(TREADLE_MAX_LOST_ATTEMPTS={self.settings.max_lost_attempts})",
-                    }
-                    await self.give_up(
-                        step_id,
-                        StepStatus.FAILED,
-                        RunReason.FAILURE_ATTEMPTS_EXHAUSTED,
-                        info,
-                        attempt,
-                    )
+                await self._lost_ceiling(step_id, lost, attempt)
+        inherited = self.journal.lost_claims
+        if inherited and (entry is None or StepStatus(entry["status"]) != StepStatus.RUNNING):
+            # The claims before this one lost their lease with no step progress journaled
+            # since: the worker died between the last checkpoint and this step's first
+            # write, i.e. in an attempt of this step that finished too soon to write a
+            # start record (or in the workflow code just before it). Counted as this
+            # step's lost attempts, as a ``running`` entry would be (ADR 0040).
+            lost += inherited
+            attempt += inherited
+            self.journal.defer_start(
+                step_id=step_id,
+                seq=seq,
+                kind=kind,
+                name=name,
+                attempt=attempt,
+                max_attempts=retry.max_attempts,
+                detail=json.dumps({**marks, "lost_attempts": lost}),
+                started_at=self.attempt_started_at(),
+            )
+            await self._lost_ceiling(step_id, lost, attempt)
         if lost:
             marks["lost_attempts"] = lost
         self._lost[step_id] = lost
@@ -676,6 +700,19 @@ class RunExecution:
                 return result
             due = self.db_now() + timedelta(seconds=result.delay)
 
+    async def _lost_ceiling(self, step_id: str, lost: int, attempt: int) -> None:
+        # Past TREADLE_MAX_LOST_ATTEMPTS the step itself is the likely killer (a poison
+        # pill): it fails instead of taking another worker down.
+        if lost > self.settings.max_lost_attempts:
+            info = {
+                "type": "WorkerLost",
+                "message": f"{lost} attempts were interrupted by a lost worker "
+                f"(TREADLE_MAX_LOST_ATTEMPTS={self.settings.max_lost_attempts})",
+            }
+            await self.give_up(
+                step_id, StepStatus.FAILED, RunReason.FAILURE_ATTEMPTS_EXHAUSTED, info, attempt
+            )
+
     async def _attempt(
         self,
         step_id: str,
@@ -708,7 +745,10 @@ class RunExecution:
                 kind=kind,
             )
 
-        await self.journal.start_attempt(
+        # The start record is held and written with the result: one commit for an attempt
+        # that finishes within TREADLE_STEP_START_RECORD_AFTER_SECONDS; a longer one gets
+        # it when that time is up (docs/adr/0040-one-commit-per-step.md).
+        self.journal.defer_start(
             step_id=step_id,
             seq=seq,
             kind=kind,
@@ -716,7 +756,17 @@ class RunExecution:
             attempt=attempt,
             max_attempts=retry.max_attempts,
             detail=detail,
+            started_at=self.attempt_started_at(),
         )
+        # PostgreSQL only: an embedded SQLite commit costs no round trip, and its writes
+        # would then carry the worker's clock estimate beside the database's (ADR 0040).
+        after = (
+            self.settings.step_start_record_after_seconds
+            if self.db.dialect == "postgresql"
+            else 0.0
+        )
+        if after <= 0:
+            await self.journal.write_deferred_start(step_id, now=True)
         info = StepInfo(
             run_id=self.run_id,
             step_id=step_id,
@@ -731,13 +781,17 @@ class RunExecution:
                 call: Awaitable[Any] = fn(*args)
             else:
                 call = asyncio.to_thread(fn, *args)
-            value = await tracing.step_call(
+            traced = tracing.step_call(
                 asyncio.wait_for(call, timeout) if timeout else call,
                 step_id=step_id,
                 name=name,
                 attempt=attempt,
                 kind=kind,
             )
+            if after <= 0:
+                value = await traced
+            else:
+                value = await self._start_when_slow(step_id, traced, after)
         except Permanent as exc:
             await self.give_up(
                 step_id,
@@ -767,9 +821,29 @@ class RunExecution:
                 attempt,
             )
 
-        await self.journal.record_success(step_id=step_id, attempt=attempt, output=text)
+        await self.journal.record_attempt(step_id=step_id, attempt=attempt, output=text)
         # Return what a replay would return, so both paths behave identically.
         return adapter.validate_python(json.loads(text))
+
+    async def _start_when_slow(self, step_id: str, call: Awaitable[Any], after: float) -> Any:
+        """Await a step's call; write its held start record once it has run ``after`` s.
+
+        The call runs as a task (it inherits this context: the current step, the trace),
+        so the start record is written while it runs. A fault of that write cancels the
+        call and propagates (``LeaseLost``, ``CheckpointFault``), as a failed start
+        record did before the call began; so does a cancellation of this coroutine.
+        """
+        task: asyncio.Future[Any] = asyncio.ensure_future(call)
+        try:
+            done, _ = await asyncio.wait((task,), timeout=after)
+            if not done:
+                await self.journal.write_deferred_start(step_id)
+            return await task
+        finally:
+            if not task.done():
+                task.cancel()
+                with contextlib.suppress(BaseException):
+                    await task
 
     async def after_error(
         self,
@@ -913,6 +987,7 @@ async def execute_claim(
     submitter: Submitter,
     *,
     settling: Callable[[], None] = lambda: None,
+    claim_sent: float | None = None,
 ) -> Outcome:
     """Execute one claimed run and persist its outcome: the engine's half of a claim.
 
@@ -923,7 +998,8 @@ async def execute_claim(
     :meth:`app.engine.journal.RunJournal.settle`. ``settling()`` is called once the
     outcome is decided, before it is written (the worker stops judging the lease
     then); the write is shielded, so a stop request arriving meanwhile cannot cut it
-    short.
+    short. ``claim_sent`` is ``time.monotonic()`` before the claim was sent
+    (:class:`RunExecution`).
 
     Returns:
         The outcome, as persisted.
@@ -945,7 +1021,9 @@ async def execute_claim(
         outcome = refusal
     else:
         entries = await load_entries(db, row)
-        execution = RunExecution(db, settings, row, definition, entries, worker_id, submitter)
+        execution = RunExecution(
+            db, settings, row, definition, entries, worker_id, submitter, claim_sent=claim_sent
+        )
         outcome = await execution.execute()
         journal = execution.journal
     if tracing.ENABLED:

@@ -6,10 +6,10 @@ attempt's start and result, a failure and its retry schedule, a wait's start and
 ``ctx.patched`` markers, the log lines and emits that ride on those writes, the run's
 outcome (completion, failure with its dead letter, suspension) with the slot hand-off and
 the parent's wake-up, and a give-back after a drain or a database fault. The executor,
-the durable waits, transactional steps and the worker call its methods; none of them
-builds SQL or picks a dialect path. The waits' writes are grouped on
-``RunJournal.waits`` (:class:`app.engine.wait_journal.WaitJournal`), built on the same
-fenced primitive.
+the durable waits (``ctx.wait_for_event`` included), transactional steps and the worker
+call its methods; none of them builds SQL or picks a dialect path. The waits' writes are grouped on
+``RunJournal.waits`` (:class:`app.engine.wait_journal.WaitJournal`, ``ctx.wait_for_event``
+included), built on the same fenced primitive, which nothing else calls.
 
 Each write is one method and one implementation. Where PostgreSQL can do a write as one
 self-fencing statement in autocommit (a plain step's start and result, a completion with
@@ -27,6 +27,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -38,6 +39,7 @@ from app.core import json, metrics
 from app.core.errors import CheckpointFault, LeaseLost
 from app.core.settings import Settings
 from app.core.status import EventKind, RunReason, RunStatus, StepStatus
+from app.db import group_commit
 from app.db.database import Database
 from app.db.faults import classify
 from app.db.queries import checkpoints as checkpoints_q
@@ -94,6 +96,13 @@ class RunJournal:
         self._emitter: RunEmitter | None = None
         # ctx.patched markers decided this execution, journaled by the next write.
         self._markers: list[tuple[str, int, str]] = []
+        # Lost claims in a row before this one (runs.lost_claims); 0 once a step write of
+        # this claim committed, which resets the column (docs/adr/0040-one-commit-per-step.md).
+        self.lost_claims: int = int(run.get("lost_claims") or 0)
+        # Start records not written yet, by step id: an attempt's start is journaled with
+        # its result unless the attempt outlives TREADLE_STEP_START_RECORD_AFTER_SECONDS,
+        # emits, or fails (then it rides on that write). Arguments of _start_rows.
+        self._deferred: dict[str, dict[str, Any]] = {}
         # The waits' writes (timers, signals, approvals, values, labels, children).
         self.waits = WaitJournal(self)
 
@@ -117,11 +126,12 @@ class RunJournal:
 
     # --- the primitive ------------------------------------------------------------------
 
-    async def write(
+    async def _write(
         self,
         fn: Callable[[AsyncConnection], Awaitable[None]],
         *,
         single: Callable[[AsyncConnection], Awaitable[None]] | None = None,
+        grouped: group_commit.Grouped | None = None,
         what: str = "checkpoint",
     ) -> None:
         """Run ``fn`` in a write transaction that first verifies our fence.
@@ -131,12 +141,15 @@ class RunJournal:
         journaled without the marker that decided its path); then ``fn``. ``single``,
         when given, is the same write as ONE self-fencing statement, used instead when
         nothing rides along and the dialect allows
-        (:func:`app.db.queries.checkpoints.commit`).
+        (:func:`app.db.queries.checkpoints.commit`). ``grouped`` is that statement as a
+        group-commit row: sent with other runs' rows of the same moment as one statement
+        (app/db/group_commit.py); this returns after that statement committed.
 
-        Public for the one wait whose statements live beside its own mailbox
-        (``ctx.wait_for_event``, app/engine/events.py); every other write is a named
-        method below. A conflict re-runs the whole transaction, so ``fn`` must keep no
-        state outside the database between calls (or reset it first).
+        Private to the journal and its collaborator :class:`WaitJournal`: every fenced
+        write of a leased run is a named method (here or on ``self.waits``) built on this
+        one, and nothing outside composes its own (docs/adr/0038). A conflict re-runs the
+        whole transaction, so ``fn`` must keep no state outside the database between
+        calls (or reset it first).
 
         Raises:
             LeaseLost: the fence moved; nothing was written.
@@ -147,44 +160,62 @@ class RunJournal:
             # Step emits made so far first (their own fenced write): a step's emits
             # precede its result, and a parallel branch's are not held behind this one.
             await self._emitter.flush_steps()
-        markers = list(self._markers)
-        lines, overflow = self._logbook.take() if self._logbook is not None else ([], 0)
-        emits = self._emitter.take_workflow() if self._emitter is not None else []
+        riders = self._take_riders()
 
         async def checkpoint(conn: AsyncConnection) -> None:
-            await runs_q.check_fence(conn, self.run_id, self.fence)
-            await events_q.append_emits(
-                conn, run_id=self.run_id, tenant_id=self.tenant_id, emits=emits
-            )
-            if lines or overflow:
-                await run_logs_q.append(
-                    conn,
-                    run_id=self.run_id,
-                    tenant_id=self.tenant_id,
-                    lines=lines,
-                    max_lines=self.settings.run_log_max_lines,
-                    also_dropped=overflow,
-                )
-            for step_id, seq, change_id in markers:
-                await steps_q.insert_step(
-                    conn,
-                    run_id=self.run_id,
-                    tenant_id=self.tenant_id,
-                    step_id=step_id,
-                    seq=seq,
-                    kind="patch",
-                    name=change_id,
-                    status=StepStatus.SUCCEEDED,
-                    fence=self.fence,
-                    output="true",
-                )
+            await runs_q.check_fence(conn, self.run_id, self.fence, tenant_id=self.tenant_id)
+            await self._rider_rows(conn, riders)
             await fn(conn)
 
-        alone = single if not (markers or lines or overflow or emits) else None
-        await self._faults_as_checkpoint(
-            checkpoints_q.commit(self.db, checkpoint, statement=alone, what=what)
+        alone = single if riders.empty else None
+        try:
+            await self._faults_as_checkpoint(
+                checkpoints_q.commit(
+                    self.db,
+                    checkpoint,
+                    statement=alone,
+                    grouped=grouped if alone is not None else None,
+                    what=what,
+                )
+            )
+        except BaseException:
+            self._markers[:0] = riders.markers  # still to be journaled, still first
+            raise
+
+    def _take_riders(self) -> _Riders:
+        # What rides on the next write: held markers, log lines and workflow emits, all
+        # taken (a write in flight on the emit path and this one never carry the same).
+        lines, overflow = self._logbook.take() if self._logbook is not None else ([], 0)
+        emits = self._emitter.take_workflow() if self._emitter is not None else []
+        markers, self._markers = self._markers, []
+        return _Riders(markers, lines, overflow, emits)
+
+    async def _rider_rows(self, conn: AsyncConnection, riders: _Riders) -> None:
+        await events_q.append_emits(
+            conn, run_id=self.run_id, tenant_id=self.tenant_id, emits=riders.emits
         )
-        del self._markers[: len(markers)]
+        if riders.lines or riders.overflow:
+            await run_logs_q.append(
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                lines=riders.lines,
+                max_lines=self.settings.run_log_max_lines,
+                also_dropped=riders.overflow,
+            )
+        for step_id, seq, change_id in riders.markers:
+            await steps_q.insert_step(
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                step_id=step_id,
+                seq=seq,
+                kind="patch",
+                name=change_id,
+                status=StepStatus.SUCCEEDED,
+                fence=self.fence,
+                output="true",
+            )
 
     async def _faults_as_checkpoint(self, work: Awaitable[T]) -> T:
         try:
@@ -196,19 +227,43 @@ class RunJournal:
             raise CheckpointFault(self.run_id, fault.value) from exc
 
     async def append_step_emits(self, emits: list[events_q.Emit]) -> None:
-        """Append a batch of step emits in a fenced transaction of its own (see :meth:`write`).
+        """Append a batch of step emits in a fenced transaction of its own (see :meth:`_write`).
 
         Raises:
             LeaseLost: the fence moved. CheckpointFault: a transient database fault.
         """
+        # An emitting step's start record goes first, so its step_started precedes its
+        # emits in the timeline; taken now (not inside the retried body), put back if the
+        # write fails.
+        starts = {
+            e.step_id: self._deferred.pop(e.step_id)
+            for e in emits
+            if e.step_id is not None and e.step_id in self._deferred
+        }
+        # A start record carries what rides on a write (workflow emits and log lines made
+        # before the step began, markers), as it did when it was written before the call.
+        riders = self._take_riders() if starts else None
 
         async def append(conn: AsyncConnection) -> None:
-            await runs_q.check_fence(conn, self.run_id, self.fence)
+            await runs_q.check_fence(conn, self.run_id, self.fence, tenant_id=self.tenant_id)
+            if riders is not None:
+                await self._rider_rows(conn, riders)
+            for args in starts.values():
+                await self._start_rows(conn, **args)
             await events_q.append_emits(
                 conn, run_id=self.run_id, tenant_id=self.tenant_id, emits=emits
             )
 
-        await self._faults_as_checkpoint(self.db.write_retrying(append, what="emit"))
+        try:
+            await self._faults_as_checkpoint(self.db.write_retrying(append, what="emit"))
+        except BaseException:
+            for step_id, args in starts.items():
+                self._deferred.setdefault(step_id, args)
+            if riders is not None:
+                self._markers[:0] = riders.markers
+            raise
+        if riders is not None:
+            self.lost_claims = 0
 
     async def flush(self) -> None:
         """Append the lines and emits still waiting: the execution's last write.
@@ -227,7 +282,7 @@ class RunJournal:
             async def nothing_else(conn: AsyncConnection) -> None:
                 del conn  # the riders are the write
 
-            await self.write(nothing_else)
+            await self._write(nothing_else)
 
     # --- reads under the claim ----------------------------------------------------------
 
@@ -238,7 +293,7 @@ class RunJournal:
             Whatever the read raised (the worker gives the run back on a fault).
         """
         async with self.db.read() as conn:
-            return await events_q.counts_for_run(conn, self.run_id)
+            return await events_q.counts_for_run(conn, self.run_id, tenant_id=self.tenant_id)
 
     async def is_paused(self) -> bool:
         """Whether an operator paused the run (one primary-key read, one round trip).
@@ -249,7 +304,7 @@ class RunJournal:
 
         async def read() -> bool:
             async with self.db.read_statement() as conn:
-                return await runs_q.is_paused(conn, self.run_id)
+                return await runs_q.is_paused(conn, self.run_id, tenant_id=self.tenant_id)
 
         return await self._faults_as_checkpoint(read())
 
@@ -266,9 +321,12 @@ class RunJournal:
         attempt: int,
         max_attempts: int,
         detail: str | None,
+        started_at: datetime | None = None,
     ) -> None:
         # The start record is what lets an attempt cut short by a lost worker be
-        # recognised (a ``running`` entry on replay).
+        # recognised (a ``running`` entry on replay). ``started_at`` is given for a start
+        # journaled after the fact (with the attempt's result or failure).
+        await self._progress_rows(conn)
         await steps_q.start_attempt(
             conn,
             run_id=self.run_id,
@@ -281,6 +339,7 @@ class RunJournal:
             attempt=attempt,
             max_attempts=max_attempts,
             fence=self.fence,
+            started_at=started_at,
         )
         await events_q.append(
             conn,
@@ -289,14 +348,30 @@ class RunJournal:
             kind=EventKind.STEP_STARTED,
             step_id=step_id,
             data={"attempt": attempt, "worker_id": self.worker_id},
+            at=started_at,
         )
+
+    async def _progress_rows(self, conn: AsyncConnection) -> None:
+        # A step write is progress: the run's run of lost claims ends (PostgreSQL's
+        # single statements reset the column in the same UPDATE that holds the fence).
+        if self.lost_claims:
+            await runs_q.clear_lost_claims(conn, self.run_id, tenant_id=self.tenant_id)
+
+    async def _deferred_rows(self, conn: AsyncConnection, step_id: str) -> None:
+        # A failure or retry schedule of an attempt whose start was not written yet
+        # carries the start record, so the steps row it updates exists.
+        args = self._deferred.get(step_id)
+        if args is not None:
+            await self._start_rows(conn, **args)
 
     async def _success_rows(
         self, conn: AsyncConnection, *, step_id: str, attempt: int, output: str
     ) -> None:
+        await self._progress_rows(conn)
         await steps_q.finish_attempt(
             conn,
             run_id=self.run_id,
+            tenant_id=self.tenant_id,
             step_id=step_id,
             status=StepStatus.SUCCEEDED,
             output=output,
@@ -322,10 +397,14 @@ class RunJournal:
         attempt: int,
         max_attempts: int,
         detail: str | None,
+        started_at: datetime | None = None,
     ) -> None:
-        """Journal that attempt ``attempt`` of a step starts now, with ``step_started``.
+        """Journal that attempt ``attempt`` of a step started, with ``step_started``.
 
         ``detail`` is the step's JSON detail text (lost attempts, its compensation).
+        ``started_at`` (the database clock as the worker estimates it) when the attempt
+        began before this write (its start record was held, :meth:`defer_start`); None
+        means now. Never later than the database's now.
 
         Raises:
             LeaseLost: the fence moved. CheckpointFault: a transient database fault.
@@ -338,21 +417,118 @@ class RunJournal:
             "attempt": attempt,
             "max_attempts": max_attempts,
             "detail": detail,
+            "started_at": started_at,
         }
 
         async def rows(conn: AsyncConnection) -> None:
             await self._start_rows(conn, **args)
 
-        async def statement(conn: AsyncConnection) -> None:
-            await checkpoints_q.start_attempt(
-                conn,
-                run_id=self.run_id,
-                fence=self.fence,
-                event_data=json.dumps({"attempt": attempt, "worker_id": self.worker_id}),
-                **args,
-            )
+        params: dict[str, Any] = {
+            "run_id": self.run_id,
+            "tenant_id": self.tenant_id,
+            "fence": self.fence,
+            "event_data": json.dumps({"attempt": attempt, "worker_id": self.worker_id}),
+            **args,
+        }
 
-        await self.write(rows, single=statement)
+        async def statement(conn: AsyncConnection) -> None:
+            await checkpoints_q.start_attempt(conn, **params)
+
+        self._deferred.pop(step_id, None)
+        await self._write(
+            rows, single=statement, grouped=group_commit.Grouped(group_commit.START_ATTEMPT, params)
+        )
+        self.lost_claims = 0
+
+    def defer_start(
+        self,
+        *,
+        step_id: str,
+        seq: int,
+        kind: str,
+        name: str,
+        attempt: int,
+        max_attempts: int,
+        detail: str | None,
+        started_at: datetime,
+    ) -> None:
+        """Hold attempt ``attempt``'s start record instead of writing it now.
+
+        It is then written by :meth:`write_deferred_start` (the attempt outlived
+        ``TREADLE_STEP_START_RECORD_AFTER_SECONDS``), with the step's first emits, with
+        its failure or retry schedule, or with its result (:meth:`record_attempt`): one
+        commit for an attempt that finishes quickly. ``started_at`` is the database
+        clock (as the worker estimates it) when the attempt began. A later call for the
+        same step replaces the held record (docs/adr/0040-one-commit-per-step.md).
+        """
+        self._deferred[step_id] = {
+            "step_id": step_id,
+            "seq": seq,
+            "kind": kind,
+            "name": name,
+            "attempt": attempt,
+            "max_attempts": max_attempts,
+            "detail": detail,
+            "started_at": started_at,
+        }
+
+    def start_deferred(self, step_id: str) -> bool:
+        """Whether step ``step_id``'s start record is still held (not yet written)."""
+        return step_id in self._deferred
+
+    async def write_deferred_start(self, step_id: str, *, now: bool = False) -> None:
+        """Write step ``step_id``'s held start record now, if it is still held.
+
+        ``now``: stamp it with the database's clock (the attempt has not begun yet)
+        instead of the held start time (the worker's estimate).
+
+        Raises:
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+        """
+        args = self._deferred.get(step_id)
+        if args is not None:
+            await self.start_attempt(**({**args, "started_at": None} if now else args))
+
+    async def record_attempt(self, *, step_id: str, attempt: int, output: str) -> None:
+        """Journal a step attempt's result (``output``: encoded JSON text), with its start.
+
+        If the start record is still held (:meth:`defer_start`), start and result are one
+        write, ``step_started`` then ``step_succeeded``; otherwise this is
+        :meth:`record_success`. Step emits made so far are written first either way (an
+        emit writes the held start record with it).
+
+        Raises:
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+        """
+        if self._emitter is not None:
+            await self._emitter.flush_steps()
+        args = self._deferred.get(step_id)
+        if args is None:
+            await self.record_success(step_id=step_id, attempt=attempt, output=output)
+            return
+
+        async def rows(conn: AsyncConnection) -> None:
+            await self._start_rows(conn, **args)
+            await self._success_rows(conn, step_id=step_id, attempt=attempt, output=output)
+
+        params: dict[str, Any] = {
+            "run_id": self.run_id,
+            "tenant_id": self.tenant_id,
+            "fence": self.fence,
+            "output": output,
+            "started_data": json.dumps({"attempt": attempt, "worker_id": self.worker_id}),
+            "event_data": json.dumps({"attempt": attempt}),
+            **args,
+        }
+
+        async def statement(conn: AsyncConnection) -> None:
+            await checkpoints_q.step_done(conn, **params)
+
+        await self._write(
+            rows, single=statement, grouped=group_commit.Grouped(group_commit.STEP_DONE, params)
+        )
+        del self._deferred[step_id]
+        self.lost_claims = 0
 
     async def record_success(self, *, step_id: str, attempt: int, output: str) -> None:
         """Journal a step's result (``output``: encoded JSON text) with ``step_succeeded``.
@@ -364,17 +540,24 @@ class RunJournal:
         async def rows(conn: AsyncConnection) -> None:
             await self._success_rows(conn, step_id=step_id, attempt=attempt, output=output)
 
-        async def statement(conn: AsyncConnection) -> None:
-            await checkpoints_q.record_success(
-                conn,
-                run_id=self.run_id,
-                fence=self.fence,
-                step_id=step_id,
-                output=output,
-                event_data=json.dumps({"attempt": attempt}),
-            )
+        params: dict[str, Any] = {
+            "run_id": self.run_id,
+            "tenant_id": self.tenant_id,
+            "fence": self.fence,
+            "step_id": step_id,
+            "output": output,
+            "event_data": json.dumps({"attempt": attempt}),
+        }
 
-        await self.write(rows, single=statement)
+        async def statement(conn: AsyncConnection) -> None:
+            await checkpoints_q.record_success(conn, **params)
+
+        await self._write(
+            rows,
+            single=statement,
+            grouped=group_commit.Grouped(group_commit.RECORD_SUCCESS, params),
+        )
+        self.lost_claims = 0
 
     @contextlib.asynccontextmanager
     async def step_transaction(self) -> AsyncIterator[AsyncConnection]:
@@ -410,7 +593,7 @@ class RunJournal:
         Raises:
             LeaseLost: the fence moved.
         """
-        await runs_q.check_fence(conn, self.run_id, self.fence)
+        await runs_q.check_fence(conn, self.run_id, self.fence, tenant_id=self.tenant_id)
         await self._start_rows(
             conn,
             step_id=step_id,
@@ -442,9 +625,11 @@ class RunJournal:
         """
 
         async def schedule(conn: AsyncConnection) -> None:
+            await self._deferred_rows(conn, step_id)
             await steps_q.finish_attempt(
                 conn,
                 run_id=self.run_id,
+                tenant_id=self.tenant_id,
                 step_id=step_id,
                 status=StepStatus.RETRY_WAIT,
                 output=None,
@@ -466,7 +651,8 @@ class RunJournal:
                 },
             )
 
-        await self.write(schedule)
+        await self._write(schedule)
+        self._deferred.pop(step_id, None)
 
     async def fail_step(
         self,
@@ -486,9 +672,11 @@ class RunJournal:
         """
 
         async def fail(conn: AsyncConnection) -> None:
+            await self._deferred_rows(conn, step_id)
             await steps_q.finish_attempt(
                 conn,
                 run_id=self.run_id,
+                tenant_id=self.tenant_id,
                 step_id=step_id,
                 status=status,
                 output=None,
@@ -509,7 +697,8 @@ class RunJournal:
                 },
             )
 
-        await self.write(fail)
+        await self._write(fail)
+        self._deferred.pop(step_id, None)
 
     # --- compensation -------------------------------------------------------------------
 
@@ -523,10 +712,15 @@ class RunJournal:
 
         async def mark(conn: AsyncConnection) -> None:
             await runs_q.begin_compensation(
-                conn, run_id=self.run_id, fence=self.fence, reason=reason.value, error=error_text
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                fence=self.fence,
+                reason=reason.value,
+                error=error_text,
             )
 
-        await self.write(mark)
+        await self._write(mark)
 
     async def compensation_done(self, *, step_id: str, status: StepStatus) -> None:
         """Record how the undo of step ``step_id`` ended (``compensated`` / ``..._failed``).
@@ -536,9 +730,11 @@ class RunJournal:
         """
 
         async def record(conn: AsyncConnection) -> None:
-            await steps_q.set_status(conn, run_id=self.run_id, step_id=step_id, status=status)
+            await steps_q.set_status(
+                conn, run_id=self.run_id, tenant_id=self.tenant_id, step_id=step_id, status=status
+            )
 
-        await self.write(record)
+        await self._write(record)
 
     # --- the outcome --------------------------------------------------------------------
 
@@ -570,6 +766,7 @@ class RunJournal:
                 await runs_q.finish_run(
                     conn,
                     run_id=run_id,
+                    tenant_id=tenant_id,
                     fence=fence,
                     status=RunStatus.COMPLETED,
                     reason="succeeded",
@@ -586,21 +783,21 @@ class RunJournal:
             if isinstance(outcome, Suspended):
                 return
             # Its webhook deliveries are written with the terminal state (app/engine/webhooks.py).
-            await webhooks.run_became_terminal(conn, run_id)
+            await webhooks.run_became_terminal(conn, run_id, tenant_id=tenant_id)
             # The run's concurrency slot goes to its key's oldest waiter, in this same
             # transaction (app/engine/slots.py).
             if await slots.release(conn, run):
                 await notify(conn)
             # A parent joined on this child waits for exactly this moment.
             if run["parent_run_id"] is not None and await runs_q.wake_parent(
-                conn, parent_run_id=run["parent_run_id"]
+                conn, parent_run_id=run["parent_run_id"], tenant_id=tenant_id
             ):
                 await notify(conn)
 
         async def complete_alone(conn: AsyncConnection) -> None:
             assert isinstance(outcome, Completed)
             await checkpoints_q.complete_run(
-                conn, run_id=run_id, fence=fence, output=outcome.output
+                conn, run_id=run_id, tenant_id=tenant_id, fence=fence, output=outcome.output
             )
 
         # Nothing else changes with this outcome: one self-fencing statement where allowed.
@@ -611,7 +808,25 @@ class RunJournal:
             and run["parent_run_id"] is None
             else None
         )
-        await checkpoints_q.commit(self.db, write, statement=alone, what="run outcome")
+        await checkpoints_q.commit(
+            self.db,
+            write,
+            statement=alone,
+            grouped=(
+                group_commit.Grouped(
+                    group_commit.COMPLETE_RUN,
+                    {
+                        "run_id": run_id,
+                        "tenant_id": tenant_id,
+                        "fence": fence,
+                        "output": outcome.output,
+                    },
+                )
+                if alone is not None and isinstance(outcome, Completed)
+                else None
+            ),
+            what="run outcome",
+        )
         story_log.run_outcome(outcome)
         if isinstance(outcome, Completed):
             metrics.RUNS_FINISHED.labels(run["workflow"], "completed", "succeeded").inc()
@@ -627,6 +842,7 @@ class RunJournal:
         await runs_q.finish_run(
             conn,
             run_id=run_id,
+            tenant_id=tenant_id,
             fence=self.fence,
             status=outcome.status,
             reason=outcome.reason.value,
@@ -634,12 +850,15 @@ class RunJournal:
             error=error_text,
         )
         # Branches still mid-attempt when the body ended were cancelled: by the cancel
-        # request the run was carrying out, else by the run's failure.
+        # request the run was carrying out, else by the run's failure. Those whose start
+        # record was still held get it now, so they are listed as cancelled too.
+        for args in self._deferred.values():
+            await self._start_rows(conn, **args)
         if (
             outcome.reason == RunReason.CANCELED_BY_REQUEST
             or self.run["status"] == RunStatus.CANCELLING.value
         ):
-            await steps_q.cancel_running(conn, run_id)
+            await steps_q.cancel_running(conn, run_id, tenant_id=tenant_id)
         else:
             failed_at = error.get("step_id")
             await steps_q.cancel_running(
@@ -649,6 +868,7 @@ class RunJournal:
                 f"cancelled: the run failed ({outcome.reason.value}"
                 + (f" at step {failed_at!r}" if failed_at else "")
                 + ") while this step was unfinished",
+                tenant_id=tenant_id,
             )
         kind = {
             RunStatus.CANCELLED: EventKind.RUN_CANCELLED,
@@ -692,6 +912,7 @@ class RunJournal:
         await runs_q.release_run(
             conn,
             run_id=self.run_id,
+            tenant_id=self.tenant_id,
             fence=self.fence,
             status=outcome.status,
             delay=outcome.delay,
@@ -714,7 +935,7 @@ class RunJournal:
         # we were releasing is seen here, and the run stays due.
         for check in outcome.wake_checks:
             if await check(conn):
-                await runs_q.make_due(conn, run_id=self.run_id)
+                await runs_q.make_due(conn, run_id=self.run_id, tenant_id=self.tenant_id)
                 break
 
     async def give_back(self, *, why: str = "worker draining", delay: float = 0.0) -> bool:
@@ -733,9 +954,14 @@ class RunJournal:
         async def release(conn: AsyncConnection) -> None:
             # Fenced first: if the lease is gone this raises and nothing is touched.
             await runs_q.release_run(
-                conn, run_id=self.run_id, fence=self.fence, status=RunStatus.QUEUED, delay=delay
+                conn,
+                run_id=self.run_id,
+                tenant_id=self.tenant_id,
+                fence=self.fence,
+                status=RunStatus.QUEUED,
+                delay=delay,
             )
-            await steps_q.reset_interrupted(conn, self.run_id)
+            await steps_q.reset_interrupted(conn, self.run_id, tenant_id=self.tenant_id)
             await events_q.append(
                 conn,
                 run_id=self.run_id,
@@ -760,6 +986,20 @@ class RunJournal:
         return True
 
 
+@dataclass(frozen=True, slots=True)
+class _Riders:
+    """What rides on a fenced write: ``ctx.patched`` markers, log lines, workflow emits."""
+
+    markers: list[tuple[str, int, str]]
+    lines: list[Any]
+    overflow: int
+    emits: list[events_q.Emit]
+
+    @property
+    def empty(self) -> bool:
+        return not (self.markers or self.lines or self.overflow or self.emits)
+
+
 async def load_entries(db: Database, row: RowMapping) -> Sequence[RowMapping]:
     """The journal a claimed run replays (its ``steps`` rows), read only when it has one.
 
@@ -771,4 +1011,4 @@ async def load_entries(db: Database, row: RowMapping) -> Sequence[RowMapping]:
     if int(row["attempt"]) <= 1 and row.get("rerun_of") is None:
         return ()
     async with db.read() as conn:
-        return await steps_q.load_journal(conn, row["run_id"])
+        return await steps_q.load_journal(conn, row["run_id"], tenant_id=row["tenant_id"])

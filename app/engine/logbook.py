@@ -2,7 +2,7 @@
 
 One :class:`RunLogBook` per execution (one lease's worth of work on one run). A line is
 bounded here (message, fields), forwarded to the worker's structlog logger, and held until
-the execution's next fenced write appends it (:meth:`app.engine.executor.RunExecution.write`):
+the execution's next fenced write appends it (``RunJournal._write``, app/engine/journal.py):
 the same transaction as the step checkpoint or wait that follows it, so a line logged
 before a journaled point is stored exactly when that point is. See docs/adr/0027-run-logs.md.
 

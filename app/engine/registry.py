@@ -45,10 +45,7 @@ class Registry:
             module = import_handler_module(name)
             defs = definitions_in(module)
             if not defs:
-                raise HandlersNotLoaded(
-                    f"handler module {name!r} defines no @workflow at its top level",
-                    module=name,
-                )
+                raise no_workflows(name)
             found.extend(defs)
         return cls(found)
 
@@ -85,6 +82,28 @@ class Registry:
 
 # Treadle's own top-level package (docs/adr/0015-the-app-package-name.md).
 TREADLE_PACKAGE = __name__.split(".", 1)[0]
+
+
+def no_workflows(name: str) -> HandlersNotLoaded:
+    """The refusal of a ``--handlers`` module that imports but registers no workflow.
+
+    One line saying what was wrong and what to do. A module of Treadle's own package
+    (``app.sdk``: what handlers import, not handlers) says so; any other module is told
+    to be the one whose top level binds the ``@workflow`` functions (or imports them).
+    """
+    if name.split(".", 1)[0] == TREADLE_PACKAGE:
+        return HandlersNotLoaded(
+            f"handler module {name!r} registers no workflows: it is part of Treadle itself "
+            f"(package {TREADLE_PACKAGE!r}); pass the module that defines your @workflow "
+            "handlers, e.g. --handlers myproject.workflows (docs/your-project.md)",
+            module=name,
+        )
+    return HandlersNotLoaded(
+        f"handler module {name!r} registers no workflows (no @workflow, state machine or "
+        "DAG at its top level): pass the module that defines your @workflow handlers, or "
+        "import them into this one",
+        module=name,
+    )
 
 
 def import_handler_module(name: str) -> ModuleType:

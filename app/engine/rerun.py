@@ -121,7 +121,7 @@ async def rerun(
                 workflow=original["workflow"],
                 version=original["version"],
             )
-        journal = list(await steps_q.load_journal(conn, run_id))
+        journal = list(await steps_q.load_journal(conn, run_id, tenant_id=tenant_id))
         seq = check_prefix(journal, from_step)
         request = SubmitRequest(
             workflow=original["workflow"],

@@ -27,6 +27,7 @@ import asyncio
 import contextlib
 import functools
 import hashlib
+import re
 import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
@@ -146,6 +147,43 @@ def zone_of(timezone: str) -> ZoneInfo:
         ) from None
 
 
+# (name, how many values the field has): a step must lie between 1 and that count.
+_CRON_FIELDS = (
+    ("minute", 60),
+    ("hour", 24),
+    ("day-of-month", 31),
+    ("month", 12),
+    ("day-of-week", 7),
+)
+_MAX_CRON_NUMBER_DIGITS = 2
+
+
+def _field_problem(fields: list[str]) -> str | None:
+    """The first rule a 5-field cron expression breaks that ``cronsim`` lets through, or None.
+
+    cronsim accepts any step (``*/99999999999999999999``, ``5/99``): a step larger than the
+    field's count of values selects one value at most and is a typo, not an intent. It
+    also parses numbers of any length. So: every number in a field has at most two digits,
+    and every step is between 1 and the field's count of values (minute 60, hour 24,
+    day-of-month 31, month 12, day-of-week 7). Ranges and values out of the field's range
+    are left to cronsim, which refuses them.
+    """
+    for text, (name, count) in zip(fields, _CRON_FIELDS, strict=True):
+        for digits in re.findall(r"[0-9]+", text):
+            if len(digits) > _MAX_CRON_NUMBER_DIGITS:
+                return f"bad cron expression: {name} field {text[:40]!r} has a number too large"
+        for term in text.split(","):
+            if "/" not in term:
+                continue
+            step = term.rsplit("/", 1)[1]
+            if not step.isdigit() or not 1 <= int(step) <= count:
+                return (
+                    f"bad cron expression: the step in {name} field {text[:40]!r} must be a "
+                    f"whole number from 1 to {count}"
+                )
+    return None
+
+
 def check_timing(cron: str | None, timezone: str, at: datetime | None) -> None:
     """Validate a schedule's timing: exactly one of a 5-field cron or an aware ``at``.
 
@@ -172,11 +210,14 @@ def check_timing(cron: str | None, timezone: str, at: datetime | None) -> None:
     if len(fields) != 5:
         problem = "a cron expression has 5 fields: minute hour day-of-month month day-of-week"
     else:
+        problem = _field_problem(fields)
+    if problem is None:
         try:
             it = CronSim(" ".join(fields), datetime(2000, 1, 1, tzinfo=zone))
             next(it)
-        except CronSimError as exc:
-            problem = f"bad cron expression: {exc}"
+        except (CronSimError, ValueError) as exc:
+            # ValueError: cronsim converts digits with int(), which refuses very long ones.
+            problem = f"bad cron expression: {str(exc)[:120]}"
         except StopIteration:
             problem = "this cron expression never fires"
     if problem is not None:

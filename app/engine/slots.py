@@ -121,7 +121,7 @@ async def admit_waiting(
             return admitted
         slot = next(s for s in range(1, limit + 1) if s not in used)
         run_id = uuid.UUID(str(waiter["run_id"]))
-        if not await slots_q.grant_slot(conn, run_id=run_id, slot=slot):
+        if not await slots_q.grant_slot(conn, run_id=run_id, tenant_id=tenant_id, slot=slot):
             # Cancelled while we waited for its row (PostgreSQL); the next read skips it.
             skipped.add(run_id)
             continue

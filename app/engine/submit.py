@@ -77,15 +77,22 @@ class SubmitRequest:
             fields["labels"] = self.labels
         return fields
 
-    def fingerprint(self) -> str:
+    def fingerprint(self, *, plain_input: bool = False) -> str:
         """SHA-256 (hex) of the request's canonical JSON: what an idempotent retry matches.
 
         Every field that decides the run enters it (workflow, version, input, concurrency
         key, delay, priority), encoded by :func:`app.core.json.canonical_dumps`: the same
         JSON in another key order or number spelling (``1``, ``1.0``, ``1e0``) is the same
         request, while strings compare exactly (docs/api.md, idempotency keys).
+
+        ``plain_input``: :func:`app.core.json.check_depth` found the input plain (as
+        :func:`app.core.json.encode_limited` reports it), so its canonical form needs no
+        copy; the fingerprint is the same either way.
         """
-        return hashlib.sha256(json.canonical_dumps(self._fingerprint_fields()).encode()).hexdigest()
+        text = json.canonical_dumps(
+            self._fingerprint_fields(), plain_members=("input",) if plain_input else ()
+        )
+        return hashlib.sha256(text.encode()).hexdigest()
 
     def legacy_fingerprint(self) -> str:
         """The fingerprint runs stored before it was canonical (docs/adr/0012).
@@ -150,6 +157,10 @@ def _check_input(request: SubmitRequest, definition: _Definition) -> None:
             "parent entity it drives) is required",
             errors=[{"path": "concurrency_key", "message": "required for a state machine"}],
         )
+    if definition.validator.is_valid(request.input):
+        # The common case: one pass that stops at nothing to report. The errors (every
+        # one, sorted) are only collected for an input that fails.
+        return
     errors = sorted(definition.validator.iter_errors(request.input), key=lambda e: list(e.path))
     if errors:
         raise InvalidInput(
@@ -372,7 +383,7 @@ class Submitter:
                 continue
             try:
                 # Encoded first, as prepare() does: an oversized item is 413 whatever else.
-                input_text = json.dumps_limited(item.input, limit, "input")
+                encoded = json.encode_limited(item.input, limit, "input")
                 asked = (item.workflow, item.version)
                 definition = definitions.get(asked)
                 if definition is None:
@@ -387,8 +398,15 @@ class Submitter:
             except TreadleError as exc:
                 results[index] = BatchResult(error=exc)
                 continue
+            # The walk that checked the input also told whether its canonical form (for
+            # the fingerprint) needs a copy: one walk of the input, not two.
             entry = _Prepared(
-                index, item, input_text, definition.version, definition, item.fingerprint()
+                index,
+                item,
+                encoded.text,
+                definition.version,
+                definition,
+                item.fingerprint(plain_input=encoded.plain),
             )
             key = item.idempotency_key
             if key is not None and key in leaders:

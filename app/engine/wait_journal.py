@@ -1,11 +1,13 @@
-"""The durable waits' writes: timers, signals, approvals, values, labels, children.
+"""The durable waits' writes: timers, signals, events, approvals, values, labels, children.
 
 Part of the one writer of a leased run's state (:class:`app.engine.journal.RunJournal`,
 docs/adr/0038-one-writer-of-leased-run-state.md), kept in a module of its own by concept:
-every method here is one fenced write through :meth:`RunJournal.write`, so the fence
-check, the riders (log lines, emits, ``ctx.patched`` markers) and the fault handling are
-the journal's. ``app/engine/waits.py`` decides what to write and when; this module
-decides the rows; ``app/db/queries`` holds the statements.
+every method here is one fenced write through the journal's primitive
+(``RunJournal._write``), so the fence check, the riders (log lines, emits, ``ctx.patched``
+markers) and the fault handling are the journal's. ``app/engine/waits.py`` and, for
+``ctx.wait_for_event``, ``app/engine/events.py`` (which keeps what an event is and what
+matches) decide what to write and when; this module decides the rows; ``app/db/queries``
+holds the statements.
 """
 
 from __future__ import annotations
@@ -22,7 +24,9 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.core import json
 from app.core.status import EventKind, RunStatus, StepStatus
 from app.db.queries import approvals as approvals_q
+from app.db.queries import event_waits as event_waits_q
 from app.db.queries import events as events_q
+from app.db.queries import inbound_events as inbound_q
 from app.db.queries import run_labels as labels_q
 from app.db.queries import runs as runs_q
 from app.db.queries import signals as signals_q
@@ -53,6 +57,7 @@ class Taken:
 
 
 _NOTHING = Taken()
+_SCAN_PAGE = 200  # events read per page when a starting event wait looks back
 
 
 class WaitJournal:
@@ -125,6 +130,7 @@ class WaitJournal:
         await steps_q.finish_attempt(
             conn,
             run_id=self.run_id,
+            tenant_id=self.tenant_id,
             step_id=step_id,
             status=status,
             output=output,
@@ -167,7 +173,7 @@ class WaitJournal:
                 detail=detail,
             )
 
-        await self._journal.write(record)
+        await self._journal._write(record)
 
     async def fire_timer(self, *, step_id: str, deadline: datetime) -> None:
         """Journal a timer as fired (output ``null``) with ``timer_fired``.
@@ -186,7 +192,7 @@ class WaitJournal:
                 {"deadline": deadline.isoformat()},
             )
 
-        await self._journal.write(fire)
+        await self._journal._write(fire)
 
     async def take_signal(
         self,
@@ -220,8 +226,12 @@ class WaitJournal:
                     deadline=deadline,
                     detail=record,
                 )
-            found = await signals_q.oldest_unconsumed(conn, self.run_id, name)
-            if found is not None and await signals_q.consume(conn, found["signal_id"], step_id):
+            found = await signals_q.oldest_unconsumed(
+                conn, self.run_id, name, tenant_id=self.tenant_id
+            )
+            if found is not None and await signals_q.consume(
+                conn, found["signal_id"], step_id, tenant_id=self.tenant_id
+            ):
                 payload = found["payload"] or "null"
                 await self._finish_rows(
                     conn,
@@ -243,16 +253,207 @@ class WaitJournal:
                 )
                 taken.append(Taken(timed_out=True))
 
-        await self._journal.write(attempt)
+        await self._journal._write(attempt)
         return taken[0] if taken else _NOTHING
 
     def signal_arrived(self, name: str) -> WakeCheck:
         """A release's wake check: a signal ``name`` is buffered for the run."""
 
         async def arrived(conn: AsyncConnection) -> bool:
-            return await signals_q.oldest_unconsumed(conn, self.run_id, name) is not None
+            return (
+                await signals_q.oldest_unconsumed(conn, self.run_id, name, tenant_id=self.tenant_id)
+                is not None
+            )
 
         return arrived
+
+    async def open_event_wait(
+        self,
+        *,
+        step_id: str,
+        seq: int,
+        name: str,
+        deadline: datetime | None,
+        detail: dict[str, Any],
+        match: str,
+        since: datetime,
+        wanted: Callable[[RowMapping], bool],
+        received: Callable[[RowMapping], Any],
+    ) -> Taken:
+        """Journal a new ``ctx.wait_for_event``, open its mailbox, take an event already in.
+
+        One write: the step ``waiting`` with ``detail`` and ``wait_started``; then, under
+        the event name's lock (:func:`app.db.queries.inbound_events.lock_name`, so every
+        event posted before is seen here and every one posted after sees the mailbox
+        open), the mailbox row (``match``: JSON text; ``since``: the database time the
+        look-back starts at). The look-back takes the oldest event of ``name`` received
+        since then that was delivered to none of the run's waits and that ``wanted``
+        accepts (the match rules are the caller's, docs/adr/0029-event-triggers.md): it is
+        delivered with ``event_delivered`` and ``received(event)`` (JSON-able) is
+        journaled as the step's output. With none and the deadline passed, the wait times
+        out. Returns that value, ``timed_out``, or nothing (the run waits).
+
+        Raises:
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+        """
+        taken: list[Taken] = []
+
+        async def attempt(conn: AsyncConnection) -> None:
+            taken.clear()  # a conflict re-runs the transaction: keep only the last run's
+            await self._wait_rows(
+                conn,
+                step_id=step_id,
+                seq=seq,
+                kind="event",
+                name=name,
+                deadline=deadline,
+                detail=detail,
+            )
+            await inbound_q.lock_name(conn, self.tenant_id, name)
+            await event_waits_q.insert_wait(
+                conn,
+                run_id=self.run_id,
+                step_id=step_id,
+                tenant_id=self.tenant_id,
+                name=name,
+                match=match,
+                since=since,
+            )
+            event = await self._look_back(conn, name, since, wanted)
+            if event is not None:
+                assert await inbound_q.deliver(
+                    conn, self.run_id, step_id, event["event_id"], tenant_id=self.tenant_id
+                )
+                await events_q.append(
+                    conn,
+                    run_id=self.run_id,
+                    tenant_id=self.tenant_id,
+                    kind=EventKind.EVENT_DELIVERED,
+                    step_id=step_id,
+                    data={"event_id": str(event["event_id"]), "name": name},
+                )
+                taken.append(await self._take_event_rows(conn, step_id, event, received))
+            elif self._due(deadline):
+                # Under the name's lock no post can have delivered since the look-back.
+                assert await event_waits_q.time_out(
+                    conn, self.run_id, step_id, tenant_id=self.tenant_id
+                )
+                taken.append(await self._event_timed_out_rows(conn, step_id, name))
+
+        await self._journal._write(attempt)
+        return taken[0] if taken else _NOTHING
+
+    async def take_delivered_event(
+        self,
+        *,
+        step_id: str,
+        name: str,
+        deadline: datetime | None,
+        received: Callable[[RowMapping], Any],
+    ) -> Taken:
+        """Journal the event a post delivered into a resumed wait's mailbox, or time it out.
+
+        The wait was journaled (:meth:`open_event_wait`). A delivered event's
+        ``received(event)`` (JSON-able) becomes the step's output; past the deadline the
+        mailbox is closed ``timed_out`` unless an event won that race (then it is taken).
+        Returns the value, ``timed_out``, or nothing (still waiting).
+
+        Raises:
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+        """
+        taken: list[Taken] = []
+
+        async def attempt(conn: AsyncConnection) -> None:
+            taken.clear()  # a conflict re-runs the transaction: keep only the last run's
+            wait = await event_waits_q.get_wait(
+                conn, self.run_id, step_id, tenant_id=self.tenant_id
+            )
+            assert wait is not None  # written with the step
+            event: RowMapping | None = None
+            if wait["status"] == "delivered":
+                event = await inbound_q.get_event(conn, self.tenant_id, wait["event_id"])
+            elif self._due(deadline):
+                if await event_waits_q.time_out(
+                    conn, self.run_id, step_id, tenant_id=self.tenant_id
+                ):
+                    taken.append(await self._event_timed_out_rows(conn, step_id, name))
+                    return
+                # An event won the race for the mailbox: take it.
+                wait = await event_waits_q.get_wait(
+                    conn, self.run_id, step_id, tenant_id=self.tenant_id
+                )
+                assert wait is not None
+                event = await inbound_q.get_event(conn, self.tenant_id, wait["event_id"])
+            if event is not None:
+                taken.append(await self._take_event_rows(conn, step_id, event, received))
+
+        await self._journal._write(attempt)
+        return taken[0] if taken else _NOTHING
+
+    def event_delivered(self, step_id: str) -> WakeCheck:
+        """A release's wake check: a post delivered an event into wait ``step_id``'s mailbox."""
+
+        async def delivered(conn: AsyncConnection) -> bool:
+            wait = await event_waits_q.get_wait(
+                conn, self.run_id, step_id, tenant_id=self.tenant_id
+            )
+            return wait is not None and wait["status"] == "delivered"
+
+        return delivered
+
+    async def _look_back(
+        self,
+        conn: AsyncConnection,
+        name: str,
+        since: datetime,
+        wanted: Callable[[RowMapping], bool],
+    ) -> RowMapping | None:
+        # The oldest event of the name received since ``since`` that was delivered to none
+        # of the run's waits yet (each event reaches a run at most once) and is wanted.
+        taken = await event_waits_q.delivered_to_run(conn, self.run_id, tenant_id=self.tenant_id)
+        after: uuid.UUID | None = None
+        while True:
+            page = await inbound_q.events_since(
+                conn, self.tenant_id, name, since=since, after_event_id=after, limit=_SCAN_PAGE
+            )
+            for event in page:
+                if event["event_id"] not in taken and wanted(event):
+                    return event
+            if len(page) < _SCAN_PAGE:
+                return None
+            after = page[-1]["event_id"]
+
+    async def _take_event_rows(
+        self,
+        conn: AsyncConnection,
+        step_id: str,
+        event: RowMapping,
+        received: Callable[[RowMapping], Any],
+    ) -> Taken:
+        # The step's result only: the delivery's own event (event_delivered) says it came.
+        value = received(event)
+        await steps_q.finish_attempt(
+            conn,
+            run_id=self.run_id,
+            tenant_id=self.tenant_id,
+            step_id=step_id,
+            status=StepStatus.SUCCEEDED,
+            output=json.dumps(value),
+            error=None,
+            fence=self.fence,
+        )
+        return Taken(value=value, found=True)
+
+    async def _event_timed_out_rows(self, conn: AsyncConnection, step_id: str, name: str) -> Taken:
+        await self._finish_rows(
+            conn,
+            step_id,
+            StepStatus.TIMED_OUT,
+            None,
+            EventKind.WAIT_TIMED_OUT,
+            {"kind": "event", "event": name},
+        )
+        return Taken(timed_out=True)
 
     async def resolve_approval(
         self,
@@ -288,7 +489,13 @@ class WaitJournal:
                     deadline=deadline,
                     detail=record,
                 )
-            decided = decide(list(await approvals_q.list_decisions(conn, self.run_id, step_id)))
+            decided = decide(
+                list(
+                    await approvals_q.list_decisions(
+                        conn, self.run_id, step_id, tenant_id=self.tenant_id
+                    )
+                )
+            )
             if decided is not None:
                 await self._finish_rows(
                     conn,
@@ -311,7 +518,7 @@ class WaitJournal:
                 )
                 taken.append(Taken(timed_out=True))
 
-        await self._journal.write(attempt)
+        await self._journal._write(attempt)
         return taken[0] if taken else _NOTHING
 
     def decision_made(
@@ -320,7 +527,11 @@ class WaitJournal:
         """A release's wake check: approval ``step_id`` has been decided."""
 
         async def decided(conn: AsyncConnection) -> bool:
-            rows = list(await approvals_q.list_decisions(conn, self.run_id, step_id))
+            rows = list(
+                await approvals_q.list_decisions(
+                    conn, self.run_id, step_id, tenant_id=self.tenant_id
+                )
+            )
             return decide(rows) is not None
 
         return decided
@@ -346,7 +557,7 @@ class WaitJournal:
                 output=output,
             )
 
-        await self._journal.write(record)
+        await self._journal._write(record)
 
     async def record_label(self, *, step_id: str, seq: int, key: str, value: str) -> None:
         """Write a run label and its journal entry (``ctx.set_label``) together.
@@ -376,7 +587,7 @@ class WaitJournal:
                 value=value,
             )
 
-        await self._journal.write(record)
+        await self._journal._write(record)
 
     async def create_child(
         self,
@@ -404,7 +615,9 @@ class WaitJournal:
 
         async def create(conn: AsyncConnection) -> None:
             created.clear()
-            check_count(await steps_q.count_kind(conn, self.run_id, "child"))
+            check_count(
+                await steps_q.count_kind(conn, self.run_id, "child", tenant_id=self.tenant_id)
+            )
             row = await insert(conn)
             child_id = str(row["run_id"])
             await steps_q.insert_step(
@@ -422,7 +635,7 @@ class WaitJournal:
             )
             created.append(child_id)
 
-        await self._journal.write(create)
+        await self._journal._write(create)
         return created[0]
 
     async def settle_child(self, *, step_id: str, child_id: uuid.UUID) -> Taken:
@@ -464,7 +677,7 @@ class WaitJournal:
                 )
                 taken.append(Taken(failed=(reason, message)))
 
-        await self._journal.write(check)
+        await self._journal._write(check)
         return taken[0] if taken else _NOTHING
 
     @staticmethod

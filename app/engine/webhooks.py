@@ -191,7 +191,7 @@ async def create_endpoint(
         )
 
 
-async def run_became_terminal(conn: AsyncConnection, run_id: uuid.UUID) -> int:
+async def run_became_terminal(conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str) -> int:
     """The terminal-write hook: write the run's deliveries in the caller's transaction.
 
     Call it on every path that makes a run terminal, after the terminal write. Each
@@ -201,7 +201,7 @@ async def run_became_terminal(conn: AsyncConnection, run_id: uuid.UUID) -> int:
     Returns:
         How many deliveries were written.
     """
-    return await webhooks_q.record_terminal(conn, run_id)
+    return await webhooks_q.record_terminal(conn, run_id, tenant_id=tenant_id)
 
 
 async def delivery_body(conn: AsyncConnection, claimed: webhooks_q.ClaimedDelivery) -> bytes:

@@ -21,7 +21,6 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-import prometheus_client
 import structlog
 from sqlalchemy import RowMapping
 from sqlalchemy.engine import make_url
@@ -45,6 +44,7 @@ from app.engine.registry import Registry
 from app.engine.schedules import Scheduler
 from app.engine.submit import Submitter
 from app.engine.wakeup import NOTIFY_CHANNEL
+from app.worker.metrics_http import serve_metrics
 from app.worker.webhooks import WebhookSender
 
 log = structlog.get_logger("treadle.worker")
@@ -137,6 +137,11 @@ class Worker:
         self._active: dict[uuid.UUID, _Active] = {}
         self._wake = asyncio.Event()
         self._stopping = asyncio.Event()
+        self.listening = asyncio.Event()
+        """Set while this worker's LISTEN for submissions is up (PostgreSQL), cleared when
+        that connection is lost; never set on SQLite, where polling is the only wake-up.
+        Tests wait on it instead of guessing from ``pg_stat_activity``, whose ``query``
+        column shows only a session's last statement (the liveness ``SELECT 1``)."""
         self._last_heartbeat_ok = time.monotonic()
         self.log = log.bind(worker_id=self.worker_id)
 
@@ -234,6 +239,7 @@ class Worker:
                 # Never raises: a failing claim is logged and retried at the next poll.
                 # Our own runs in flight are excluded: after a pause longer than the lease
                 # they are due again, and claiming them would run them twice in here.
+                sent = time.monotonic()  # bounds each run's clock estimate (RunExecution)
                 rows = await self.claimer.claim(free, executing=list(self._active))
                 if rows and self._stopping.is_set():
                     # The claim was under way when the drain began (SIGTERM): give these
@@ -245,13 +251,13 @@ class Worker:
                             await self._give_back(row)
                     break
                 for row in rows:
-                    self._start(row)
+                    self._start(row, sent)
                 if rows:
                     continue  # more due work may be right behind these
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval_seconds)
 
-    def _start(self, row: RowMapping) -> None:
+    def _start(self, row: RowMapping, claim_sent: float) -> None:
         run_id: uuid.UUID = row["run_id"]
         self.stats.claimed += 1
         if row["due_at"] is not None:
@@ -265,12 +271,12 @@ class Worker:
             self._lose(previous)
         active = _Active(fence=int(row["fence"]))
         # In a span of its own when tracing is on (app/core/tracing.py execution_span).
-        execution = tracing.execution(self._execute(row, active), row, self.worker_id)
+        execution = tracing.execution(self._execute(row, active, claim_sent), row, self.worker_id)
         active.task = asyncio.create_task(execution, name=f"run-{run_id}")
         self._active[run_id] = active
         self._update_slots()
 
-    async def _execute(self, row: RowMapping, active: _Active) -> None:
+    async def _execute(self, row: RowMapping, active: _Active, claim_sent: float) -> None:
         run_id: uuid.UUID = row["run_id"]
         rlog = self.log.bind(run_id=str(run_id), workflow=row["workflow"], tenant=row["tenant_id"])
         # This task's own context: every line of the execution (and of its steps) has them.
@@ -287,6 +293,7 @@ class Worker:
                 self.worker_id,
                 self.submitter,
                 settling=lambda: setattr(active, "finalizing", True),
+                claim_sent=claim_sent,
             )
             if isinstance(outcome, Completed):
                 self.stats.completed += 1
@@ -450,6 +457,7 @@ class Worker:
                 async with asyncio.timeout(LISTEN_CHECK_TIMEOUT_SECONDS):
                     await conn.add_listener(NOTIFY_CHANNEL, lambda *_: self._wake.set())
                 self._wake.set()  # catch anything submitted while we were not listening
+                self.listening.set()
                 pause = LISTEN_RETRY_SECONDS[0]
                 if lost_at is not None:
                     self.log.info(
@@ -473,6 +481,7 @@ class Worker:
                 await asyncio.sleep(min(pause, self.settings.poll_interval_seconds))
                 pause = min(pause * 2, LISTEN_RETRY_SECONDS[1])
             finally:
+                self.listening.clear()
                 if conn is not None:
                     with contextlib.suppress(Exception):
                         await conn.close(timeout=LISTEN_CHECK_TIMEOUT_SECONDS)
@@ -567,8 +576,9 @@ async def run_worker(
         ):
             return
         if metrics_port is not None:
-            # prometheus_client's own server thread: /metrics of this worker process.
-            prometheus_client.start_http_server(metrics_port, addr=settings.host)
+            # A server thread of prometheus_client's app: /metrics of this worker process,
+            # HEAD included (app.worker.metrics_http).
+            serve_metrics(metrics_port, settings.host)
         await worker.run(on_ready=on_ready)
     finally:
         await db.dispose()

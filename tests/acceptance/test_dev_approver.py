@@ -41,7 +41,11 @@ def test_dev_prints_an_approver_token_that_can_decide_the_example_approval(
             assert dev.poll() is None, log.read_text()
             text = log.read_text()
             user = re.search(r"^export TREADLE_TOKEN=(\S+)$", text, re.M)
-            approver = re.search(r"^approver token \(.*sales-manager.*\): (\S+)$", text, re.M)
+            approver = re.search(
+                r"^approver token \(.*sales-manager.*scopes approvals:write,runs:read;.*\): (\S+)$",
+                text,
+                re.M,
+            )
             return (user.group(1), approver.group(1)) if user and approver else None
 
         user, approver = wait_for_sync(printed, timeout=90, what="treadle dev's tokens")
@@ -73,6 +77,18 @@ def test_dev_prints_an_approver_token_that_can_decide_the_example_approval(
             assert refused.status_code == 403, refused.text
             accepted = as_approver.post(f"/runs/{run_id}/approvals/{approval}", json=decision)
             assert accepted.status_code == 200, accepted.text
+            # Only what an approver needs: reading runs and deciding approvals.
+            assert as_approver.get(f"/runs/{run_id}").status_code == 200
+            for method, path, body in [
+                ("POST", "/runs", {"workflow": "onboarding", "input": {}}),
+                ("POST", f"/runs/{run_id}/cancel", {}),
+                ("POST", f"/runs/{run_id}/signals/x", {"payload": {}}),
+                ("POST", "/events", {"name": "x", "payload": {}}),
+                ("GET", "/webhooks", None),
+                ("GET", "/admin/tenants", None),
+            ]:
+                resp = as_approver.request(method, path, json=body)
+                assert resp.status_code == 403, (method, path, resp.text)
     finally:
         dev.terminate()
         dev.wait(timeout=30)

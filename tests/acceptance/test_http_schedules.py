@@ -51,6 +51,12 @@ def test_schedule_lifecycle_over_http(stack: Stack) -> None:
             (_body(cron="* * * * *"), 409),  # name taken
             (_body(name="b6", cron="* * * * *", overlap="sometimes"), 422),
             (_body(name="b7\u0000", cron="* * * * *"), 422),
+            # absurd steps and numbers: cronsim itself lets these through
+            (_body(name="b8", cron="*/99999999999999999999 * * * *"), 422),
+            (_body(name="b9", cron="0 */25 * * *"), 422),
+            (_body(name="b10", cron="0 0 * * MON/8"), 422),
+            (_body(name="b11", cron="0 0 99999999999999999999 * *"), 422),
+            (_body(name="b12", cron="0 0 * 13 *"), 422),
         ]:
             resp = c.post("/schedules", json=bad)
             assert resp.status_code == status, (bad, resp.text)
@@ -71,6 +77,11 @@ def test_schedule_lifecycle_over_http(stack: Stack) -> None:
         patched = c.patch(f"/schedules/{sid}", json={"cron": "0 9 * * 1-5", "jitter_seconds": 30})
         assert patched.status_code == 200, patched.text
         assert patched.json()["cron"] == "0 9 * * 1-5"
+        for cron in ["*/99999999999999999999 * * * *", "5/99 * * * *", "0 0 */32 * *"]:
+            bad_patch = c.patch(f"/schedules/{sid}", json={"cron": cron})
+            assert bad_patch.status_code == 422, (cron, bad_patch.text)
+            assert "bad cron expression" in bad_patch.json()["detail"]
+        assert c.get(f"/schedules/{sid}").json()["cron"] == "0 9 * * 1-5"  # nothing stored
 
         fire = c.post(f"/schedules/{sid}/trigger").json()
         assert fire["outcome"] == "started" and fire["kind"] == "manual"
@@ -117,6 +128,15 @@ def test_schedule_lifecycle_over_http(stack: Stack) -> None:
     )
     # An error answer: exit 1, one line on stderr (status, code, detail).
     assert refused.returncode == 1 and "422" in refused.stderr and "5 fields" in refused.stderr
+    refused = subprocess.run(
+        [*cli, "create", "x", "acc-echo", "--cron", "*/99999999999999999999 * * * *"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert refused.returncode == 1 and "422" in refused.stderr, refused.stderr
+    assert "number too large" in refused.stderr
     gone = subprocess.run(
         [*cli, "delete", sid], env=env, capture_output=True, text=True, timeout=60
     )

@@ -74,7 +74,9 @@ HOSTILE = "<script>alert('x')</script>\x00NUL \u202eevil\u202c \u200bzw \U0001f6
 
 def test_hostile_text_is_escaped_everywhere(console: ConsoleStack) -> None:
     c = console
-    run_id = c.submit("con-echo", {"text": HOSTILE}, idempotency_key="<b>key</b>\u202e")
+    # A bidi control is refused in an idempotency key (app.core.text.text_problem); a
+    # zero-width space is not, and must be shown escaped.
+    run_id = c.submit("con-echo", {"text": HOSTILE}, idempotency_key="<b>key</b>\u200b")
     c.wait_status(run_id, "completed")
     failing = c.submit("con-fail", {"text": HOSTILE})
     c.wait_status(failing, "failed")
@@ -86,10 +88,12 @@ def test_hostile_text_is_escaped_everywhere(console: ConsoleStack) -> None:
         b.get(f"/ui/runs/{run_id}/live"),
         b.get(f"/ui/runs/{failing}"),
         b.get("/ui/runs"),
-        b.get("/ui/runs", params={"q": "<b>key</b>\u202e"}),
+        b.get("/ui/runs", params={"q": "<b>key</b>\u200b"}),
         b.get("/ui/approvals"),
         b.get("/ui/runs", params={"workflow": "<script>x</script>"}),
+        b.get("/ui/runs", params={"q": "<b>key</b>\u202e"}),  # the page's own 422
     ]
+    assert pages[-1].status_code == 422, pages[-1].text[-2000:]
     for page in pages:
         assert page.status_code in (200, 422), page.status_code
         text = page.text
@@ -101,7 +105,7 @@ def test_hostile_text_is_escaped_everywhere(console: ConsoleStack) -> None:
     assert "\\u0000NUL" in run_page and "\\u202eevil" in run_page and "\\u200bzw" in run_page
     assert "\U0001f600" in run_page  # ordinary characters stay as they are
     assert "&amp;amp;" in run_page
-    assert "&lt;b&gt;key&lt;/b&gt;\\u202e" in pages[4].text  # the search box echoes it escaped
+    assert "&lt;b&gt;key&lt;/b&gt;\\u200b" in pages[4].text  # the search box echoes it escaped
     assert "exploded: &lt;script&gt;" in pages[2].text
     assert "&lt;script&gt;alert(" in pages[5].text  # the approval's payload
     # The sign-in form with a hostile next: escaped, and not followed.

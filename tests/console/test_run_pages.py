@@ -30,6 +30,12 @@ def test_run_page_signal_cancel_resume_retry(console: ConsoleStack) -> None:
     assert bad.status_code == 400
     assert "not valid JSON" in alerts(bad.text)[0] and "nothing was sent" in alerts(bad.text)[0]
     assert "{&#34;a&#34;: 1," in bad.text
+    # What the API itself would refuse is refused here, before anything is re-encoded:
+    # a repeated key, NaN, a lone surrogate, nesting past the limit (tests/unit/test_json_text.py).
+    for payload in ('{"a": 1, "a": 2}', '{"a": NaN}', '{"a": "\\ud800"}', "[" * 3000 + "]" * 3000):
+        refused = b.act(f"/ui/runs/{run_id}/signal", {"name": "go", "payload": payload})
+        assert refused.status_code == 400, refused.text
+        assert "nothing was sent" in alerts(refused.text)[0], payload[:20]
     nameless = b.act(f"/ui/runs/{run_id}/signal", {"name": " ", "payload": "1"})
     assert nameless.status_code == 400 and "nothing was sent" in alerts(nameless.text)[0]
     assert "signal_received" not in _events(c, run_id)
@@ -265,3 +271,42 @@ def test_a_confirmation_refuses_fields_it_cannot_carry_back(console: ConsoleStac
     # Line breaks and tabs are text a reason may hold.
     asked = b.act(f"/ui/runs/{failed}/retry", {"reason": "two\nlines\tok"}, confirm=False)
     assert asked.status_code == 200 and ">Retry</button>" in asked.text
+
+
+def test_console_refuses_an_over_long_reason_whole_never_cut(console: ConsoleStack) -> None:
+    """A reason over the API's limit is refused with an alert on every run action.
+
+    The console used to cut it to 1000 characters: pause then succeeded with a truncated
+    reason, and cancel's confirmation held the cut text (black-box session). The limit is
+    the API's own (``app.core.limits``); one character less is taken as is.
+    """
+    from app.core.limits import MAX_ACTION_REASON
+
+    c = console
+    b = c.browser(tok())
+    waiting = c.submit("con-signal", {"text": "long reason"})
+    failed = c.submit("con-fail", {"text": "boom"})
+    c.wait_status(waiting, "waiting_signal")
+    c.wait_status(failed, "failed")
+    too_long = "r" * (MAX_ACTION_REASON + 1)
+    for run_id, verb in ((waiting, "pause"), (waiting, "cancel"), (failed, "retry")):
+        for confirm in (False, True):
+            page = b.act(f"/ui/runs/{run_id}/{verb}", {"reason": too_long}, confirm=confirm)
+            assert page.status_code == 422, (verb, page.status_code)
+            assert page.headers["content-type"].startswith("text/html")
+            (alert,) = alerts(page.text)
+            assert f"at most {MAX_ACTION_REASON} characters" in alert, alert
+            assert "r" * 1000 not in page.text  # no confirmation carrying a cut copy
+    kinds = _events(c, waiting) + _events(c, failed)
+    assert not {"run_paused", "run_cancelled", "dead_letter_requeued"} & set(kinds)
+    with c.api() as api:
+        assert api.get(f"/runs/{waiting}").json()["status"] == "waiting_signal"
+        dead = api.get("/dead-letters").json()["items"]
+    assert dead, "the failed run has a dead letter"
+    dl_id = dead[0]["dead_letter_id"] if "dead_letter_id" in dead[0] else dead[0]["id"]
+    page = b.act(f"/ui/dead-letters/{dl_id}/requeue", {"reason": too_long}, confirm=False)
+    assert page.status_code == 422 and alerts(page.text)
+    # At the limit exactly: taken whole.
+    at_limit = "p" * MAX_ACTION_REASON
+    assert "Run paused" in b.flash_after(b.act(f"/ui/runs/{waiting}/pause", {"reason": at_limit}))
+    assert at_limit in b.get(f"/ui/runs/{waiting}").text

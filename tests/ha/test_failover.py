@@ -315,6 +315,7 @@ def test_failover_and_switchover_under_load(cluster: PatroniCluster, tmp_path: P
             what="every worker LISTENing",
         )
         wakes.append(("before any fault", _wake_probe(stack, 0)))
+        load_started = time.monotonic()
         load = Load(stack, RUNS)
         load.thread.start()
         per_fault = max(1, RUNS // (FAILOVERS + 2))
@@ -375,7 +376,7 @@ def test_failover_and_switchover_under_load(cluster: PatroniCluster, tmp_path: P
         logs=stack.logs,
         stats=load.stats,
         args=SimpleNamespace(runs=RUNS),
-        elapsed=0.0,
+        elapsed=time.monotonic() - load_started,
     )
     table = asyncio.run(invariants(cast(Harness, h)))
     print()

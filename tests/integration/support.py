@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from typing import Any
 
 import httpx
-from sqlalchemy import RowMapping
+from sqlalchemy import RowMapping, event, select
 
 from app.api.app import create_app
 from app.auth.dev import DevTokens
@@ -72,6 +73,25 @@ async def reach(
     return await wait_for(probe, timeout=timeout, what=f"run {run_id} in {statuses}")
 
 
+async def start_recorded(db: Database, run_id: uuid.UUID, timeout: float = 30) -> None:
+    """Poll until the run has a step journaled ``running`` (its start record written).
+
+    A plain step's start record is held while the attempt is younger than
+    ``TREADLE_STEP_START_RECORD_AFTER_SECONDS`` (docs/adr/0040-one-commit-per-step.md);
+    a test that acts on the step's row (locks it, expects a cancel to mark it) waits for it.
+    """
+    from app.db.tables import steps
+
+    async def probe() -> bool:
+        async with db.read() as conn:
+            found = await conn.execute(
+                select(steps.c.step_id).where(steps.c.run_id == run_id, steps.c.status == "running")
+            )
+            return found.first() is not None
+
+    await wait_for(probe, timeout=timeout, what=f"run {run_id}: a step's start record")
+
+
 @contextlib.asynccontextmanager
 async def api_client(
     settings: Settings, db: Database, tenant: str, *, subject: str = "t"
@@ -85,3 +105,21 @@ async def api_client(
         headers={"Authorization": f"Bearer {tok}"},
     ) as client:
         yield client
+
+
+def record_statements(
+    db: Database, names: re.Pattern[str], into: list[tuple[str, Any]]
+) -> Callable[[], None]:
+    """Record ``(statement, parameters)`` of the statements ``db`` sends that ``names`` matches.
+
+    EXPLAINs are left out. Returns the function that stops recording.
+    """
+
+    def hook(
+        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool
+    ) -> None:
+        if names.search(statement) and not statement.lstrip().upper().startswith("EXPLAIN"):
+            into.append((statement, parameters))
+
+    event.listen(db.engine.sync_engine, "before_cursor_execute", hook)
+    return lambda: event.remove(db.engine.sync_engine, "before_cursor_execute", hook)

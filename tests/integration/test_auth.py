@@ -130,6 +130,19 @@ async def test_api_key_lifecycle(api: httpx.AsyncClient, db: Database) -> None:
     foreign = await api.delete(f"/admin/api-keys/{created['key_id']}", headers=other_admin)
     assert foreign.status_code == missing.status_code == 404
     assert foreign.json()["code"] == missing.json()["code"] == "api_key_not_found"
+    # One answer for both (nothing tells them apart), saying where it looked and what to pass.
+    hint = "not found in tenant 'globex'; a key of another tenant needs ?tenant=<its tenant>"
+    assert foreign.json()["detail"].endswith(hint), foreign.json()
+    assert missing.json()["detail"].endswith(hint), missing.json()
+    malformed = await api.delete("/admin/api-keys/not-a-uuid", headers=other_admin)
+    assert malformed.status_code == 404 and malformed.json()["detail"].endswith(hint)
+    # Naming the tenant looks there (the admin scope reaches every tenant, logged); the
+    # wrong tenant named is the same 404, naming it, without the hint.
+    elsewhere = await api.delete(
+        f"/admin/api-keys/{uuid.uuid4()}?tenant=initech", headers=other_admin
+    )
+    assert elsewhere.status_code == 404
+    assert elsewhere.json()["detail"].endswith("not found in tenant 'initech'"), elsewhere.json()
     # Without admin: 403.
     assert (await api.get("/admin/api-keys", headers=auth(tok()))).status_code == 403
 

@@ -79,6 +79,7 @@ async def test_stale_fence_writes_nothing(settings: Settings, db: Database) -> N
     before = await _counts(db, run_id)
     args: dict[str, Any] = {
         "run_id": run_id,
+        "tenant_id": TENANT,
         "step_id": "s",
         "seq": 0,
         "kind": "step",
@@ -104,13 +105,25 @@ async def test_stale_fence_writes_nothing(settings: Settings, db: Database) -> N
     with pytest.raises(LeaseLost):
         async with db.autocommit() as conn:
             await checkpoints_q.record_success(
-                conn, run_id=run_id, fence=fence, step_id="s", output="1", event_data="{}"
+                conn,
+                run_id=run_id,
+                tenant_id=TENANT,
+                fence=fence,
+                step_id="s",
+                output="1",
+                event_data="{}",
             )
     assert await _counts(db, run_id) == (1, before[1] + 1, [("running", fence)])
 
     async with db.autocommit() as conn:
         await checkpoints_q.record_success(
-            conn, run_id=run_id, fence=fence + 1, step_id="s", output="1", event_data="{}"
+            conn,
+            run_id=run_id,
+            tenant_id=TENANT,
+            fence=fence + 1,
+            step_id="s",
+            output="1",
+            event_data="{}",
         )
     assert await _counts(db, run_id) == (1, before[1] + 2, [("succeeded", fence + 1)])
 
@@ -129,14 +142,18 @@ async def test_stale_fence_does_not_complete(settings: Settings, db: Database) -
     before = await _counts(db, run_id)
     with pytest.raises(LeaseLost):
         async with db.autocommit() as conn:
-            await checkpoints_q.complete_run(conn, run_id=run_id, fence=fence - 1, output="1")
+            await checkpoints_q.complete_run(
+                conn, run_id=run_id, tenant_id=TENANT, fence=fence - 1, output="1"
+            )
     async with db.read() as conn:
         row = await runs_q.get_run(conn, TENANT, run_id)
     assert row is not None and row["status"] == "running" and row["output"] is None
     assert await _counts(db, run_id) == before
 
     async with db.autocommit() as conn:
-        await checkpoints_q.complete_run(conn, run_id=run_id, fence=fence, output='{"n":1}')
+        await checkpoints_q.complete_run(
+            conn, run_id=run_id, tenant_id=TENANT, fence=fence, output='{"n":1}'
+        )
     async with db.read() as conn:
         row = await runs_q.get_run(conn, TENANT, run_id)
         kinds = (
@@ -155,7 +172,9 @@ async def test_stale_fence_does_not_complete(settings: Settings, db: Database) -
     # Completed is not a leased status: the same fence cannot complete it twice.
     with pytest.raises(LeaseLost):
         async with db.autocommit() as conn:
-            await checkpoints_q.complete_run(conn, run_id=run_id, fence=fence, output="2")
+            await checkpoints_q.complete_run(
+                conn, run_id=run_id, tenant_id=TENANT, fence=fence, output="2"
+            )
 
 
 @WITH_PGBOUNCER

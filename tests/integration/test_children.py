@@ -173,12 +173,17 @@ async def test_a_child_ending_while_its_parent_is_being_released_always_wakes_it
     async def release_parent() -> None:
         async with db.engine.connect() as conn, conn.begin():
             await runs_q.release_run(
-                conn, run_id=parent, fence=1, status=RunStatus.WAITING_CHILD, delay=None
+                conn,
+                run_id=parent,
+                tenant_id=TENANT,
+                fence=1,
+                status=RunStatus.WAITING_CHILD,
+                delay=None,
             )
             row = await runs_q.get_run_any_tenant(conn, child)
             assert row is not None
             if RunStatus(row["status"]).is_terminal:
-                await runs_q.make_due(conn, run_id=parent)
+                await runs_q.make_due(conn, run_id=parent, tenant_id=TENANT)
 
     async with db.engine.connect() as child_conn:
         await child_conn.begin()
@@ -186,7 +191,7 @@ async def test_a_child_ending_while_its_parent_is_being_released_always_wakes_it
             update(runs).where(runs.c.run_id == child).values(status="completed")
         )
         if first == "child-ends-first":
-            await runs_q.wake_parent(child_conn, parent_run_id=parent)
+            await runs_q.wake_parent(child_conn, parent_run_id=parent, tenant_id=TENANT)
             releasing = asyncio.create_task(release_parent())
             # The release must wait for the child's transaction (it holds the parent's
             # row) or, with no lock taken, finish having missed the child.
@@ -197,7 +202,7 @@ async def test_a_child_ending_while_its_parent_is_being_released_always_wakes_it
             await releasing
         else:
             await release_parent()
-            await runs_q.wake_parent(child_conn, parent_run_id=parent)
+            await runs_q.wake_parent(child_conn, parent_run_id=parent, tenant_id=TENANT)
             await child_conn.commit()
     async with db.read() as conn:
         row = await runs_q.get_run_any_tenant(conn, parent)

@@ -174,3 +174,71 @@ async def test_a_non_ascii_idempotency_key_header_is_read_as_utf8(
         )
         assert bad.status_code == 422, bad.text
         assert "UTF-8" in bad.json()["detail"]
+
+
+LEAKS = ("constrained-str", "function-after", "string_pattern_mismatch", "int_type", "Value error")
+
+
+@pytest.mark.parametrize(
+    ("method", "path", "body", "field"),
+    [
+        # version: a union of a whole number and a bounded text
+        ("POST", "/runs", '{"workflow": "edge-plain", "version": 1.5}', "version"),
+        ("POST", "/runs", '{"workflow": "edge-plain", "version": ""}', "version"),
+        ("POST", "/runs", '{"workflow": "edge-plain", "version": "a\\u0000"}', "version"),
+        ("POST", "/runs", '{"workflow": "edge-plain", "version": "%s"}' % ("v" * 65), "version"),
+        ("POST", "/runs", '{"workflow": "edge-plain", "version": [1]}', "version"),
+        (
+            "POST",
+            "/runs:batch",
+            '{"runs": [{"workflow": "edge-plain", "version": true}]}',
+            "version",
+        ),
+        (
+            "POST",
+            "/schedules",
+            '{"name": "s", "workflow": "edge-plain", "cron": "0 0 * * *", "version": {}}',
+            "version",
+        ),
+        # delay: finite seconds in a range
+        ("POST", "/runs", '{"workflow": "edge-plain", "delay": NaN}', "delay"),
+        ("POST", "/runs", '{"workflow": "edge-plain", "delay": Infinity}', "delay"),
+        ("POST", "/runs", '{"workflow": "edge-plain", "delay": 1e999}', "delay"),
+        ("POST", "/runs", '{"workflow": "edge-plain", "delay": -1}', "delay"),
+        ("POST", "/runs:batch", '{"runs": [{"workflow": "edge-plain", "delay": NaN}]}', "delay"),
+    ],
+)
+async def test_a_bad_field_is_named_with_its_rule_in_user_terms(
+    settings: Settings, db: Database, method: str, path: str, body: str, field: str
+) -> None:
+    await _register(db)
+    before = await _counts(db)
+    async with api_client(settings, db, TENANT) as api:
+        resp = await api.request(
+            method, path, content=body, headers={"content-type": "application/json"}
+        )
+        if path == "/runs:batch":
+            assert resp.status_code == 207, resp.text
+            problem = resp.json()["results"][0]["problem"]
+        else:
+            assert resp.status_code == 422, resp.text
+            problem = resp.json()
+            assert problem["detail"].startswith(f"request does not match the API schema: {field} ")
+        assert [e["path"].rsplit(".", 1)[-1] for e in problem["errors"]] == [field]
+        message = problem["errors"][0]["message"]
+        assert message.startswith("must be"), message
+        assert not any(leak in resp.text for leak in LEAKS), resp.text
+    assert await _counts(db) == before
+
+
+async def test_a_bad_wait_is_named_with_its_rule(settings: Settings, db: Database) -> None:
+    async with api_client(settings, db, TENANT) as api:
+        for wait in ("nan", "inf", "-1", "301"):
+            resp = await api.get(f"/runs/{'0' * 8}-0000-7000-8000-{'0' * 12}/result?wait={wait}")
+            assert resp.status_code == 422, (wait, resp.text)
+            assert resp.json()["errors"] == [
+                {
+                    "path": "query.wait",
+                    "message": "must be a number of seconds from 0 to 300 (not NaN or infinite)",
+                }
+            ]

@@ -24,6 +24,7 @@ from app.sdk import Permanent, RetryPolicy, WorkflowContext, current_step, workf
 from app.worker.worker import Worker
 from tests.conftest import WITH_PGBOUNCER
 from tests.helpers import wait_for
+from tests.integration import support
 
 TENANT = "acme"
 
@@ -257,6 +258,10 @@ async def test_cancel_while_running(settings: Settings, db: Database) -> None:
     run_id = await submit(db, settings, "it-slow", a=n, b=0)
     async with running_worker(settings, db) as worker:
         await asyncio.wait_for(gates[key + ":started"].wait(), 30)
+
+        # Held while the attempt is younger than TREADLE_STEP_START_RECORD_AFTER_SECONDS
+        # (ADR 0040), then written while the step still runs.
+        await support.start_recorded(db, run_id)
         row = await control.cancel(db, tenant_id=TENANT, run_id=run_id, actor="op", reason="test")
         assert (row["status"], row["reason"]) == ("cancelled", "canceled_by_request")
         # The worker notices at its next heartbeat and stops the execution.
@@ -444,6 +449,132 @@ async def test_lost_attempts_do_not_use_the_retry_budget(
         row = await finished(db, poison)
     assert (row["status"], row["reason"]) == ("failed", "failure_attempts_exhausted")
     assert "WorkerLost" in row["error"]
+
+
+async def test_lost_claims_count_lost_attempts_of_a_step_without_a_start_record(
+    database_url: str, tmp_path: Any, db: Database
+) -> None:
+    """A fast step writes no start record; the run's lost claims stand for it (ADR 0040).
+
+    What a worker killed inside a quick attempt leaves behind is a lease still owned and
+    expired, and no ``running`` entry. Each such claim counts; past
+    ``TREADLE_MAX_LOST_ATTEMPTS`` the step fails ``WorkerLost`` as a slow one would.
+    """
+    from sqlalchemy import update
+
+    from app.db.tables import runs
+    from tests.conftest import make_settings
+
+    settings = make_settings(database_url, tmp_path, max_lost_attempts=2)
+
+    async def lose_claim(run_id: Any) -> None:
+        async with db.write() as conn:
+            claimed = await runs_q.claim_runs(
+                conn, worker_id="dead", definition_keys=REGISTRY.keys, limit=1, lease_ttl=60
+            )
+            assert [r["run_id"] for r in claimed] == [run_id]
+            # The dead worker's lease, expired: due again, still owned, nothing journaled.
+            await conn.execute(
+                update(runs)
+                .where(runs.c.run_id == run_id)
+                .values(available_at=claimed[0]["created_at"])
+            )
+
+    async def lost_claims(run_id: Any) -> int:
+        async with db.read() as conn:
+            return int(
+                (
+                    await conn.execute(select(runs.c.lost_claims).where(runs.c.run_id == run_id))
+                ).scalar_one()
+            )
+
+    forgiven = await submit(db, settings, "it-once", a=1, b=2)
+    for _ in range(2):
+        await lose_claim(forgiven)
+    # The first claim took a queued run (nobody's lease): one lost claim so far.
+    assert await lost_claims(forgiven) == 1
+    async with running_worker(settings, db):
+        row = await finished(db, forgiven)
+    assert (row["status"], row["output"]) == ("completed", "3"), row["error"]
+    async with db.read() as conn:
+        attempt, detail = (
+            await conn.execute(
+                select(steps.c.attempt, steps.c.detail).where(steps.c.run_id == forgiven)
+            )
+        ).one()
+    assert attempt == 3 and json_loads(detail)["lost_attempts"] == 2
+    assert await lost_claims(forgiven) == 0  # the step's write ended the series
+
+    poison = await submit(db, settings, "it-once", a=5, b=5)
+    for _ in range(3):
+        await lose_claim(poison)
+    async with running_worker(settings, db):
+        row = await finished(db, poison)
+    assert (row["status"], row["reason"]) == ("failed", "failure_attempts_exhausted")
+    assert "WorkerLost" in row["error"]
+    async with db.read() as conn:
+        status, detail = (
+            await conn.execute(
+                select(steps.c.status, steps.c.detail).where(steps.c.run_id == poison)
+            )
+        ).one()
+        letters = (
+            await conn.execute(
+                select(func.count())
+                .select_from(dead_letters)
+                .where(dead_letters.c.run_id == poison)
+            )
+        ).scalar_one()
+    assert status == "failed" and json_loads(detail)["lost_attempts"] == 3
+    assert letters == 1
+
+
+@WITH_PGBOUNCER
+async def test_a_quick_attempt_is_journaled_whole_in_timeline_order(
+    settings: Settings, db: Database
+) -> None:
+    """Start and result of an attempt that finished quickly are one write, in order.
+
+    The row carries the attempt's own start time (not the commit's), and the timeline
+    reads ``step_started`` before ``step_succeeded`` for every step.
+    """
+    from app.db.tables import events
+
+    run_id = await submit(db, settings, "it-sum", a=2, b=3)
+    async with running_worker(settings, db):
+        row = await finished(db, run_id)
+    assert row["status"] == "completed", row["error"]
+    async with db.read() as conn:
+        journal = (
+            await conn.execute(
+                select(
+                    steps.c.step_id,
+                    steps.c.status,
+                    steps.c.attempt,
+                    steps.c.started_at,
+                    steps.c.finished_at,
+                )
+                .where(steps.c.run_id == run_id)
+                .order_by(steps.c.seq)
+            )
+        ).all()
+        timeline = (
+            await conn.execute(
+                select(events.c.kind, events.c.step_id, events.c.at)
+                .where(events.c.run_id == run_id, events.c.step_id.is_not(None))
+                .order_by(events.c.event_id)
+            )
+        ).all()
+    assert [(r[1], r[2]) for r in journal] == [("succeeded", 1), ("succeeded", 1)]
+    for _, _, _, started, finished_at in journal:
+        assert started is not None and finished_at is not None and started <= finished_at
+    by_step: dict[str, list[Any]] = {}
+    for kind, step_id, at in timeline:
+        by_step.setdefault(step_id, []).append((kind, at))
+    assert len(by_step) == 2
+    for kinds in by_step.values():
+        assert [k for k, _ in kinds] == ["step_started", "step_succeeded"]
+        assert kinds[0][1] <= kinds[1][1]
 
 
 def json_loads(text: str) -> dict[str, Any]:

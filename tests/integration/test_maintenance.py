@@ -390,6 +390,20 @@ def test_cli_dry_run_then_real_run(tmp_path: Path, sqlite_template: Path) -> Non
     dry = cli("--dry-run", "--format", "json")
     assert dry.returncode == 0, dry.stderr
     dry_report = json.loads(dry.stdout)
+    # Alembic's start-up chatter ("setup plugin ...") only when asked for.
+    assert "alembic" not in dry.stderr, dry.stderr
+    for command in (["maintenance", "run", "--dry-run"], ["maintenance", "partitions"]):
+        quiet = subprocess.run(
+            [sys.executable, "-m", "app.cli.main", *command],
+            cwd=ROOT, env=env, capture_output=True, text=True, timeout=60, check=False,
+        )  # fmt: skip
+        assert quiet.returncode == 0 and "alembic" not in quiet.stderr, quiet.stderr
+    asked = subprocess.run(
+        [sys.executable, "-m", "app.cli.main", "maintenance", "partitions"],
+        cwd=ROOT, capture_output=True, text=True, timeout=60, check=False,
+        env={**env, "TREADLE_LOG_LEVEL": "debug"},
+    )  # fmt: skip
+    assert asked.returncode == 0 and "alembic.runtime.plugins" in asked.stderr, asked.stderr
     assert dry_report["dry_run"] is True
     text = cli("--tier", "archival", "--dry-run")
     assert "would touch" in text.stdout and "7 runs" in text.stdout, text.stdout

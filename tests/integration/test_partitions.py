@@ -15,14 +15,19 @@ import sys
 import uuid
 from datetime import datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import pytest
+from sqlalchemy import event as sa_event
 from sqlalchemy import func, insert, select, text
 from sqlalchemy.exc import IntegrityError
 
+from app.core.errors import RunArchived
 from app.db.database import Database
 from app.db.partitions import bound, is_partition, partition_name, time_of
+from app.db.queries import maintenance as qmaint
 from app.db.queries import partitions as qp
+from app.db.queries import runs as qruns
 from app.db.tables import events, runs, runs_archive, steps
 from app.engine.maintenance import Tier, create_partitions_ahead, run_maintenance
 from tests.conftest import make_settings
@@ -400,3 +405,66 @@ async def test_a_table_with_no_range_left_starts_again_today(db: Database, tmp_p
         ranges = [p for p in await qp.list_partitions(conn, "runs_archive") if not p.is_default]
     assert ranges[0].starts == now.replace(hour=0, minute=0, second=0, microsecond=0)
     assert ranges[-1].ends is not None and ranges[-1].ends > now + timedelta(days=14)
+
+
+async def test_archive_reads_use_its_tenant_leading_key(db: Database) -> None:
+    """The archive's two lookups go through ``(tenant_id, run_id)`` (revision 0026).
+
+    ``get_run``'s ``run_archived`` check names the tenant; archival's check of what it
+    moved is driven from ``runs`` by id into the archive's key. Both read one partition by
+    index, never a sequential scan (docs/adr/0034-tenant-leading-keys.md).
+    """
+    _pg(db)
+    now = await db.now()
+    ids = [v7_at(now - timedelta(seconds=s)) for s in range(2000)]
+    async with db.write() as conn:
+        await conn.execute(
+            insert(runs_archive),
+            [
+                {
+                    "run_id": r,
+                    "tenant_id": f"t{i % 20}",
+                    "workflow": "w",
+                    "version": "v1",
+                    "status": "succeeded",
+                    "input": "{}",
+                    "created_by": "alice",
+                    "created_at": now,
+                    "archived_at": now,
+                }
+                for i, r in enumerate(ids)
+            ],
+        )
+        await conn.execute(text("ANALYZE runs_archive"))
+        await conn.execute(text("ANALYZE runs"))
+        # Sequential scans are what would show a key that cannot be used.
+        await conn.execute(text("SET LOCAL enable_seqscan = off"))
+        statements: list[tuple[str, Any]] = []
+
+        def record(conn_: object, cursor: object, sql: str, params: Any, *a: object) -> None:
+            if "runs_archive" in sql and sql.lstrip().upper().startswith("SELECT"):
+                statements.append((sql, params))
+
+        sync = conn.sync_connection
+        assert sync is not None
+        sa_event.listen(sync, "before_cursor_execute", record)
+        try:
+            with pytest.raises(RunArchived):
+                await qruns.get_run(conn, "t5", ids[5])
+            await qmaint.archive_runs(conn, [("t7", ids[7])])
+        finally:
+            sa_event.remove(sync, "before_cursor_execute", record)
+        assert len(statements) == 2, statements
+        for sql, params in statements:
+            plan = "\n".join(r[0] for r in await conn.exec_driver_sql("EXPLAIN " + sql, params))
+            assert "Seq Scan" not in plan, plan
+            # The archive is reached through its key: an index condition on both columns.
+            # (Only the archive's scans: ``runs``, empty here, may be read by any index now
+            # that archival names the tenant too.)
+            conds, scan = [], ""
+            for ln in plan.splitlines():
+                if " on " in ln and "Scan" in ln:
+                    scan = ln.split(" on ", 1)[1].split()[0]
+                elif "Index Cond" in ln and scan.startswith("runs_archive"):
+                    conds.append(ln)
+            assert conds and all("tenant_id" in ln and "run_id" in ln for ln in conds), plan

@@ -190,7 +190,10 @@ async def test_pause_mid_step_finishes_attempt_then_releases(
         row = await wait_for(released, timeout=30, what="paused run released")
         assert row["waiting_kind"] == "pause"
         async with db.read() as conn:
-            journal = {s["step_id"]: s["status"] for s in await steps_q.load_journal(conn, run_id)}
+            journal = {
+                s["step_id"]: s["status"]
+                for s in await steps_q.load_journal(conn, run_id, tenant_id=TENANT)
+            }
         assert journal == {"slow_first": "succeeded"}
         assert executed[f"{k}:second"] == 0
         # Due (available_at now) yet never claimed while paused.

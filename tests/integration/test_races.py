@@ -207,6 +207,7 @@ async def test_cancel_racing_completion(rsettings: Settings, db: Database, order
     async with worker(rsettings, db) as (w,):
         await asyncio.wait_for(_gate(f"{key}:started").wait(), 30)
         if order == "cancel_first":
+            await support.start_recorded(db, run_id)  # so the cancel finds the step's row
             cancelled = await outcome(cancel())
             _gate(f"{key}:release").set()  # the step body ends after the cancel committed
         elif order == "completion_first":
@@ -420,7 +421,7 @@ async def test_expired_lease_cannot_commit_and_the_new_holder_can(
     # Any write under the old fence is refused.
     async with db.write() as conn:
         with pytest.raises(LeaseLost):
-            await runs_q.check_fence(conn, run_id, old_fence)
+            await runs_q.check_fence(conn, run_id, old_fence, tenant_id=TENANT)
 
 
 @pytest.mark.parametrize("order", ["heartbeat_first", "takeover_first", "together"])
@@ -466,7 +467,7 @@ async def test_heartbeat_racing_a_takeover_leaves_one_holder(
     stale = claimed["fence"] if taken else claimed["fence"] + 1
     async with db.write() as conn:
         with pytest.raises(LeaseLost):
-            await runs_q.check_fence(conn, run_id, stale)
+            await runs_q.check_fence(conn, run_id, stale, tenant_id=TENANT)
 
 
 async def test_a_worker_past_its_lease_never_claims_its_own_run_again(

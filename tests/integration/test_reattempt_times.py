@@ -60,6 +60,7 @@ async def _start(db: Database, run_id: uuid.UUID, fence: int, attempt: int, path
             await checkpoints_q.start_attempt(
                 conn,
                 run_id=run_id,
+                tenant_id=TENANT,
                 fence=fence,
                 step_id="s",
                 seq=0,
@@ -111,6 +112,7 @@ async def test_a_new_attempt_clears_the_earlier_finish(
         await steps_q.finish_attempt(
             conn,
             run_id=run_id,
+            tenant_id=TENANT,
             step_id="s",
             status=StepStatus.FAILED,
             output=None,

@@ -93,7 +93,11 @@ async def _run(db: Database, settings: Any, workflow_name: str, raise_: str) -> 
 
 async def _step_error(db: Database, run_id: uuid.UUID) -> tuple[str, int, dict[str, Any]]:
     async with db.read() as conn:
-        (step,) = [s for s in await steps_q.load_journal(conn, run_id) if s["kind"] != "value"]
+        (step,) = [
+            s
+            for s in await steps_q.load_journal(conn, run_id, tenant_id=TENANT)
+            if s["kind"] != "value"
+        ]
     return step["status"], step["attempt"], json.loads(step["error"] or "null")
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 import pytest
 from pydantic import BaseModel
-from sqlalchemy import event, text
+from sqlalchemy import text
 
 from app.core.settings import Settings
 from app.db.database import Database
@@ -36,6 +36,7 @@ from app.engine.registry import Registry
 from app.engine.submit import Submitter
 from app.sdk import WorkflowContext, workflow
 from tests.conftest import make_settings
+from tests.integration.support import record_statements
 
 TENANT = "t7"
 T0 = datetime(2026, 6, 1, 12, 0, 30, tzinfo=UTC)
@@ -81,15 +82,7 @@ def pg_url(make_pg_database: Callable[[], str]) -> str:
 
 def _recording(db: Database, into: list[tuple[str, Any]]) -> Callable[[], None]:
     """Record ``(statement, parameters)`` of every statement ``db`` sends; returns a stop."""
-
-    def hook(
-        conn: Any, cursor: Any, statement: str, parameters: Any, context: Any, many: bool
-    ) -> None:
-        if TABLES.search(statement) and not statement.lstrip().upper().startswith("EXPLAIN"):
-            into.append((statement, parameters))
-
-    event.listen(db.engine.sync_engine, "before_cursor_execute", hook)
-    return lambda: event.remove(db.engine.sync_engine, "before_cursor_execute", hook)
+    return record_statements(db, TABLES, into)
 
 
 def _problems(plan: dict[str, Any]) -> tuple[list[str], set[str]]:

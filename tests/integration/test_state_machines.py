@@ -20,7 +20,7 @@ from sqlalchemy import select, text, update
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.dialect import now_plus
-from app.db.tables import dead_letters, runs, steps
+from app.db.tables import dead_letters, events, runs, steps
 from app.engine.registry import Registry
 from app.sdk import Permanent, StateMachine, current_session, current_step, state_machine
 from tests.integration.support import api_client, reach, workers
@@ -210,13 +210,28 @@ async def test_timer_state_waits_on_database_time(settings: Settings, db: Databa
     async with db.write() as conn:
         await REGISTRY.register(conn)
     async with api_client(settings, db, TENANT) as client, workers(settings, db, REGISTRY):
-        run_id = await _start(client, "sm-jobs", "p-timer", park=True)
-        waiting = await reach(db, TENANT, run_id, "waiting_timer", "completed")
-        assert waiting["status"] == "waiting_timer"
-        snapshot = (await client.get(f"/runs/{run_id}")).json()
+        # What a client sees while a timer state waits: on the one-hour timer, which a
+        # poll cannot miss (a loaded machine can starve a poll for the 1 s one below).
+        parked = await _start(client, "sm-slow", "p-parked")
+        await reach(db, TENANT, parked, "waiting_timer")
+        snapshot = (await client.get(f"/runs/{parked}")).json()
         assert snapshot["state"] == {"name": "Parked", "fields": {}}
         assert snapshot["waiting_on"]["kind"] == "timer"
+        # A real 1 s timer, judged from the journal once the run is done.
+        run_id = await _start(client, "sm-jobs", "p-timer", park=True)
         done = await reach(db, TENANT, run_id, "completed")
+        async with db.read() as conn:
+            released = [
+                json.loads(data)
+                for data in (
+                    await conn.execute(
+                        select(events.c.data).where(
+                            events.c.run_id == run_id, events.c.kind == "run_released"
+                        )
+                    )
+                ).scalars()
+            ]
+        assert [(r["status"], r["waiting_on"]) for r in released] == [("waiting_timer", "timer")]
         assert done["output"] is not None
         async with db.read() as conn:
             rows = {

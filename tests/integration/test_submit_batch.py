@@ -6,6 +6,7 @@ are reported beside them, and a database failure mid-batch writes nothing at all
 
 from __future__ import annotations
 
+import json
 import uuid
 from collections.abc import Sequence
 from typing import Any
@@ -16,6 +17,8 @@ from pydantic import BaseModel
 from sqlalchemy import func, select
 
 from app.api.app import create_app
+from app.api.responses import AsciiJSONResponse
+from app.api.schemas import SubmitBatchResponse
 from app.auth.dev import DevTokens
 from app.auth.principal import Scope
 from app.core.settings import Settings
@@ -317,3 +320,29 @@ async def test_a_thousand_runs_in_one_request(settings: Settings, db: Database) 
         assert {r["status"] for r in replay} == {200}
     assert await count(db, runs) == 1000
     assert uuid.UUID(results[0]["run"]["run_id"])
+
+
+async def test_the_body_is_the_response_models_bytes(settings: Settings, db: Database) -> None:
+    # The 207 body is built without pydantic models (app/api/views.run_json): it must be
+    # byte for byte what the documented SubmitBatchResponse dumps, failed items included.
+    await registered(db)
+    async with support.api_client(settings, db, TENANT) as client:
+        items = [
+            item("a", labels={"customer": "Zoë"}),
+            item("ü \U0001f600", idempotency_key="kü", priority=5),
+            item("ü \U0001f600", idempotency_key="kü", priority=5),
+            {"workflow": "sb-nope", "input": {"key": "x"}},
+            {"workflow": "sb-job", "input": {"nokey": 1}},
+            item("d", delay=60),
+        ]
+        resp = await client.post("/runs:batch", json={"runs": items})
+        assert resp.status_code == 207
+        model = SubmitBatchResponse.model_validate_json(resp.content)
+        assert resp.content == AsciiJSONResponse(model.model_dump(mode="json", by_alias=True)).body
+        assert [r.status for r in model.results] == [201, 201, 200, 404, 422, 201]
+        run = model.results[1].run
+        assert run is not None
+        one = await client.get(f"/runs/{run.run_id}")
+        # The same run as its detail view shows it, but for the detail-only members.
+        detail_only = {"step_counts": None, "blocked_reason": None}
+        assert json.loads(resp.content)["results"][1]["run"] == {**one.json(), **detail_only}

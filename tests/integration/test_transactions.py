@@ -175,7 +175,7 @@ async def ledger_rows(db: Database, key: str) -> list[str]:
 
 async def journal(db: Database, run_id: uuid.UUID) -> dict[str, Any]:
     async with db.read() as conn:
-        rows = await steps_q.load_journal(conn, run_id)
+        rows = await steps_q.load_journal(conn, run_id, tenant_id=TENANT)
     return {r["step_id"]: r for r in rows}
 
 
@@ -193,7 +193,7 @@ async def claim_execution(
         )
     assert [r["run_id"] for r in rows] == [run_id]
     async with db.read() as conn:
-        entries = await steps_q.load_journal(conn, run_id)
+        entries = await steps_q.load_journal(conn, run_id, tenant_id=TENANT)
     definition = REGISTRY.get(rows[0]["workflow"], rows[0]["version"])
     assert definition is not None
     return RunExecution(db, settings, rows[0], definition, entries, worker_id)

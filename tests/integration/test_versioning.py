@@ -96,7 +96,7 @@ async def _approve(db: Database, run_id: uuid.UUID) -> None:
 
 async def _journal_ids(db: Database, run_id: uuid.UUID) -> list[str]:
     async with db.read() as conn:
-        rows = await steps_q.load_journal(conn, run_id)
+        rows = await steps_q.load_journal(conn, run_id, tenant_id=TENANT)
     return [r["step_id"] for r in sorted(rows, key=lambda r: r["seq"])]
 
 

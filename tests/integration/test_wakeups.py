@@ -138,20 +138,6 @@ async def test_submits_in_one_window_send_few_notifications_after_commit(
         await db.dispose()
 
 
-async def _listening(db: Database) -> bool:
-    async with db.read() as conn:
-        n = (
-            await conn.execute(
-                text(
-                    "SELECT count(*) FROM pg_stat_activity WHERE application_name = :a"
-                    " AND datname = current_database() AND query ILIKE 'LISTEN%'"
-                ),
-                {"a": LISTEN_APPLICATION_NAME},
-            )
-        ).scalar_one()
-    return bool(n)
-
-
 async def _idle_worker_claims(
     database_url: str, tmp_path: Path, *, coalescer: bool, poll: float, deadline: float
 ) -> float:
@@ -168,7 +154,9 @@ async def _idle_worker_claims(
         submitter = Submitter(db, settings)
         request = SubmitRequest(workflow="wake-plain", input={})
         async with workers(settings, db, REGISTRY) as started:
-            await wait_for(lambda: _listening(db), timeout=10, what="worker LISTENing")
+            # The worker's own flag, not pg_stat_activity: there ``query`` is only the
+            # session's last statement, the probe's UNLISTEN or the liveness SELECT 1.
+            await asyncio.wait_for(started[0].listening.wait(), 30)
             first, _ = await submitter.submit(request, tenant_id=TENANT, subject="s")
             await reach(db, TENANT, first["run_id"], "completed", timeout=10)
             # Idle again: its wake-up consumed, waiting on NOTIFY or the 30 s poll.

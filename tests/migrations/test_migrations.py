@@ -15,15 +15,23 @@ import pytest
 from alembic.autogenerate import compare_metadata
 from alembic.migration import MigrationContext
 from sqlalchemy import Uuid, bindparam, insert, inspect, select, text, update
+from sqlalchemy.exc import IntegrityError
 
 from alembic import command
 from app.core.errors import SchemaVersionMismatch
 from app.core.settings import Settings
 from app.db.database import Database
 from app.db.migrations import alembic_config, check_schema, head_revision
-from app.db.partitions import include_name
+from app.db.partitions import include_name, include_object_for
 from app.db.queries import schedules as sched_q
-from app.db.tables import batch_items, metadata, runs, schedule_fires, webhook_attempts
+from app.db.tables import (
+    batch_items,
+    metadata,
+    runs,
+    runs_archive,
+    schedule_fires,
+    webhook_attempts,
+)
 from app.db.types import UtcDateTime
 from tests.conftest import DEV_SECRET, _pg_admin, pg_url
 
@@ -37,7 +45,12 @@ async def test_head_matches_tables(database_url: str) -> None:
             diff = await conn.run_sync(
                 lambda sync: compare_metadata(
                     MigrationContext.configure(
-                        sync, opts={"compare_type": True, "include_name": include_name}
+                        sync,
+                        opts={
+                            "compare_type": True,
+                            "include_name": include_name,
+                            "include_object": include_object_for(sync.dialect.name),
+                        },
                     ),
                     metadata,
                 )
@@ -384,3 +397,264 @@ async def test_0024_keeps_fires_and_takes_the_schedules_tenant(database_url: str
         await check_schema(db)
     finally:
         await db.dispose()
+
+
+async def test_0026_keeps_the_archive_under_its_tenant_leading_key(database_url: str) -> None:
+    """0026 and back keep every archived run; the new key refuses a second (tenant, run).
+
+    On PostgreSQL the archive is partitioned (revision 0023), so the key must come out on
+    every partition, the default one included, with the rows that were in it
+    (docs/adr/0034-tenant-leading-keys.md, revision 0026).
+    """
+    cfg = alembic_config(database_url)
+    before = "0026-1"  # the revision 0026 upgrades from, however the chain is numbered
+    await asyncio.to_thread(command.downgrade, cfg, before)
+    db = Database(Settings(database_url=database_url, dev_secret=DEV_SECRET))
+    now = datetime(2026, 12, 2, 18, 0, tzinfo=UTC)
+    archived = [(uuid.uuid4(), "acme"), (uuid.uuid4(), "acme"), (uuid.uuid4(), "globex")]
+    row = text(
+        "INSERT INTO runs_archive (run_id, tenant_id, workflow, version, status, input, "
+        "created_by, created_at, archived_at) VALUES (:r, :t, 'w', 'v1', 'succeeded', '{}', "
+        "'alice', :now, :now)"
+    ).bindparams(bindparam("r", type_=Uuid), bindparam("now", type_=UtcDateTime))
+
+    async def kept() -> list[tuple[uuid.UUID, str]]:
+        async with db.read() as conn:
+            got = await conn.execute(select(runs_archive.c.run_id, runs_archive.c.tenant_id))
+            return sorted((r[0], r[1]) for r in got)
+
+    try:
+        async with db.write() as conn:
+            for run_id, tenant in archived:
+                await conn.execute(row, {"r": run_id, "t": tenant, "now": now})
+        await _migrate(db, command.upgrade, cfg, "head")
+        assert await kept() == sorted(archived)
+        async with db.read() as conn:
+            key = await conn.run_sync(
+                lambda sync: inspect(sync).get_pk_constraint("runs_archive")["constrained_columns"]
+            )
+            assert key == ["tenant_id", "run_id"]
+            if database_url.startswith("postgresql"):
+                # Every partition carries the new key (ALTER TABLE on the parent reaches them).
+                parts = (
+                    await conn.execute(
+                        text(
+                            "SELECT c.relname, pg_get_constraintdef(k.oid) FROM pg_inherits i "
+                            "JOIN pg_class c ON c.oid = i.inhrelid "
+                            "JOIN pg_constraint k ON k.conrelid = c.oid AND k.contype = 'p' "
+                            "WHERE i.inhparent = 'runs_archive'::regclass"
+                        )
+                    )
+                ).all()
+                assert parts
+                assert {d for _, d in parts} == {"PRIMARY KEY (tenant_id, run_id)"}
+        with pytest.raises(IntegrityError):
+            async with db.write() as conn:
+                await conn.execute(row, {"r": archived[0][0], "t": "acme", "now": now})
+        await _migrate(db, command.downgrade, cfg, before)
+        assert await kept() == sorted(archived)
+        await _migrate(db, command.upgrade, cfg, "head")
+        await check_schema(db)
+    finally:
+        await db.dispose()
+
+
+# Every table with a foreign key to runs (revision 0027), with an INSERT of one row of it
+# for run :r of tenant :t, and the columns that identify a row across the migration.
+_RUN_CHILDREN: dict[str, tuple[str, tuple[str, ...]]] = {
+    "run_labels": (
+        "INSERT INTO run_labels (run_id, tenant_id, key, value) VALUES (:r, :t, :n, 'v')",
+        ("key", "value"),
+    ),
+    "steps": (
+        "INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt, "
+        "max_attempts, created_at, fence) VALUES (:r, :n, :t, :s, 'activity', 'f', "
+        "'completed', 1, 3, :now, 1)",
+        ("step_id", "seq"),
+    ),
+    "events": (
+        "INSERT INTO events (run_id, tenant_id, at, kind, data) VALUES (:r, :t, :now, "
+        "'run_started', :n)",
+        ("event_id", "data"),
+    ),
+    "dead_letters": (
+        "INSERT INTO dead_letters (dead_letter_id, run_id, tenant_id, workflow, reason, "
+        "status, created_at) VALUES (:d, :r, :t, 'w', :n, 'pending', :now)",
+        ("dead_letter_id", "reason"),
+    ),
+    "signals": (
+        "INSERT INTO signals (run_id, tenant_id, name, sent_by, received_at) VALUES "
+        "(:r, :t, :n, 'alice', :now)",
+        ("signal_id", "name"),
+    ),
+    "approval_decisions": (
+        "INSERT INTO approval_decisions (run_id, step_id, tenant_id, decided_by, decision, "
+        "decided_at) VALUES (:r, 'gate', :t, :n, 'approve', :now)",
+        ("step_id", "decided_by"),
+    ),
+    "run_logs": (
+        "INSERT INTO run_logs (tenant_id, run_id, seq, origin, at, level, message) VALUES "
+        "(:t, :r, :s, :n, :now, 'info', '\"hi\"')",
+        ("id", "seq", "origin"),
+    ),
+    "event_waits": (
+        "INSERT INTO event_waits (run_id, step_id, tenant_id, name, match, since, status) "
+        "VALUES (:r, :n, :t, 'paid', '{}', :now, 'waiting')",
+        ("step_id", "status"),
+    ),
+}
+
+
+async def test_0027_keeps_every_run_child_under_its_runs_tenant(database_url: str) -> None:
+    """0027 and back keep every run and child row, each with its run's tenant; keys hold.
+
+    On SQLite the rebuild of ``runs`` would cascade-delete every child (foreign_keys=ON),
+    so this also guards the migration's stash of them. One child row of each table
+    carries a tenant that disagrees with its run's (only a hand edit could write it) and
+    must come out with the run's, or the composite foreign key could not hold
+    (docs/adr/0034-tenant-leading-keys.md, revision 0027).
+    """
+    from app.core.ids import new_run_id
+    from app.db.queries import approvals as approvals_q
+    from app.db.queries import run_labels as labels_q
+
+    cfg = alembic_config(database_url)
+    before = "0027-1"  # the revision 0027 upgrades from, however the chain is numbered
+    await asyncio.to_thread(command.downgrade, cfg, before)
+    db = Database(Settings(database_url=database_url, dev_secret=DEV_SECRET))
+    now = datetime(2026, 12, 3, 11, 0, tzinfo=UTC)
+    acme, globex = new_run_id(), new_run_id()
+    typed = [
+        bindparam("r", type_=Uuid),
+        bindparam("d", type_=Uuid),
+        bindparam("now", type_=UtcDateTime),
+    ]
+    run_sql = (
+        "INSERT INTO runs (run_id, tenant_id, workflow, version, status, input, created_by, "
+        "created_at, updated_at) VALUES (:r, :t, 'w', 'v1', 'running', '{}', 'alice', :now, "
+        ":now)"
+    )
+    # (run, the tenant the child row says, a distinguishing value); the last disagrees.
+    rows = [(acme, "acme", "a1"), (acme, "acme", "a2"), (globex, "globex", "g1")]
+    rows.append((globex, "acme", "g2"))
+
+    async def children() -> dict[str, list[tuple[Any, ...]]]:
+        async with db.read() as conn:
+            out: dict[str, list[tuple[Any, ...]]] = {}
+            for table, (_, cols) in _RUN_CHILDREN.items():
+                got = await conn.execute(
+                    text(f"SELECT tenant_id, run_id, {', '.join(cols)} FROM {table}").columns(
+                        run_id=Uuid
+                    )
+                )
+                out[table] = sorted((tuple(map(str, r)) for r in got), key=str)
+            return out
+
+    try:
+        async with db.write() as conn:
+            for run_id, tenant in ((acme, "acme"), (globex, "globex")):
+                stmt = text(run_sql).bindparams(typed[0], typed[2])
+                await conn.execute(stmt, {"r": run_id, "t": tenant, "now": now})
+            for sql, _ in _RUN_CHILDREN.values():
+                used = [p for p in typed if f":{p.key}" in sql]
+                for seq, (run_id, tenant, n) in enumerate(rows, start=1):
+                    values = {"r": run_id, "t": tenant, "n": n, "d": uuid.uuid4(), "now": now}
+                    values["s"] = seq
+                    await conn.execute(
+                        text(sql).bindparams(*used),
+                        {k: v for k, v in values.items() if f":{k}" in sql},
+                    )
+        seen = await children()
+        # What each row must say after the upgrade: its run's tenant.
+        fixed = {
+            table: sorted(
+                (("globex" if r[1] == str(globex) else "acme", *r[1:]) for r in got), key=str
+            )
+            for table, got in seen.items()
+        }
+        assert all(len(got) == len(rows) for got in seen.values())
+        assert fixed != seen  # the disagreeing rows are there to be fixed
+        await _migrate(db, command.upgrade, cfg, "head")
+        assert await children() == fixed
+        async with db.read() as conn:
+            keys = await conn.run_sync(
+                lambda sync: {
+                    t: inspect(sync).get_pk_constraint(t)["constrained_columns"]
+                    for t in ("runs", *_RUN_CHILDREN)
+                }
+            )
+            foreign = await conn.run_sync(
+                lambda sync: {
+                    t: [
+                        (fk["constrained_columns"], fk["referred_columns"])
+                        for fk in inspect(sync).get_foreign_keys(t)
+                    ]
+                    for t in _RUN_CHILDREN
+                }
+            )
+        assert keys["runs"] == ["tenant_id", "run_id"]
+        assert all(k[0] == "tenant_id" for t, k in keys.items() if t not in _ROWID), keys
+        for table, fks in foreign.items():
+            assert fks == [(["tenant_id", "run_id"], ["tenant_id", "run_id"])], table
+        if database_url.startswith("postgresql"):
+            # Every partition of steps and events carries the new key.
+            async with db.read() as conn:
+                parts = (
+                    await conn.execute(
+                        text(
+                            "SELECT i.inhparent::regclass::text, pg_get_constraintdef(k.oid) "
+                            "FROM pg_inherits i JOIN pg_constraint k ON k.conrelid = "
+                            "i.inhrelid AND k.contype = 'p' WHERE i.inhparent IN "
+                            "('steps'::regclass, 'events'::regclass)"
+                        )
+                    )
+                ).all()
+            assert {p for p, _ in parts} == {"steps", "events"}
+            assert {(p, d) for p, d in parts} == {
+                ("steps", "PRIMARY KEY (tenant_id, run_id, step_id)"),
+                ("events", "PRIMARY KEY (tenant_id, run_id, event_id)"),
+            }
+        async with db.write() as conn:
+            # The upserts arbitrate on the new keys: a second decision is refused, a label
+            # replaced (an ON CONFLICT naming another key would raise).
+            again = await approvals_q.insert_decision(
+                conn,
+                run_id=acme,
+                step_id="gate",
+                tenant_id="acme",
+                decided_by="a1",
+                decision="reject",
+                payload=None,
+                comment=None,
+            )
+            assert again is False
+            await labels_q.set_label(conn, run_id=acme, tenant_id="acme", key="a1", value="b")
+        # A second row for one (tenant, run, key) is refused (the seq is new, the key not).
+        for sql, _ in (_RUN_CHILDREN["steps"], _RUN_CHILDREN["run_labels"]):
+            used = [p for p in typed if f":{p.key}" in sql]
+            again_values = {"r": acme, "t": "acme", "n": "a1", "s": 9, "now": now}
+            with pytest.raises(IntegrityError):
+                async with db.write() as conn:
+                    await conn.execute(
+                        text(sql).bindparams(*used),
+                        {k: v for k, v in again_values.items() if f":{k}" in sql},
+                    )
+        # The composite foreign keys cascade as the single-column ones did.
+        async with db.write() as conn:
+            await conn.execute(
+                text("DELETE FROM runs WHERE run_id = :r").bindparams(typed[0]), {"r": globex}
+            )
+        left = await children()
+        assert all({r[1] for r in got} == {str(acme)} for got in left.values()), left
+        await _migrate(db, command.downgrade, cfg, before)
+        kept = await children()
+        assert {t: len(got) for t, got in kept.items()} == {t: 2 for t in _RUN_CHILDREN}
+        assert all({r[0] for r in got} == {"acme"} for got in kept.values())
+        await _migrate(db, command.upgrade, cfg, "head")
+        await check_schema(db)
+    finally:
+        await db.dispose()
+
+
+# The children whose SQLite key is the autoincrement rowid (PostgreSQL's leads with tenant).
+_ROWID = {"events": "event_id", "signals": "signal_id", "run_logs": "id"}

@@ -297,8 +297,11 @@ async def test_0023_down_and_up_keeps_rows(make_pg_database: Callable[[], str]) 
                 )
             )
             assert key.scalar_one() == "PRIMARY KEY (event_id)"
-        await asyncio.to_thread(command.upgrade, cfg, "head")
+        await asyncio.to_thread(command.upgrade, cfg, "0023")
         assert await _census(db) == before
+        # Later revisions may add columns (0025's runs.lost_claims), which changes a row's
+        # text and so its hash; the rows themselves were proved kept at 0023.
+        await asyncio.to_thread(command.upgrade, cfg, "head")
         await check_schema(db)
     finally:
         await db.dispose()

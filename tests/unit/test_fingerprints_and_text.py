@@ -201,3 +201,25 @@ def test_log_records_show_hostile_values_escaped(
         assert raw not in err, (log_format, repr(raw))
     assert err.count("\n") == 1, err  # one record, one line: nothing forged
     assert "forged record" in err
+
+
+@PROPERTY
+@given(json_values, st.integers(0, 2**32))
+def test_a_plain_input_fingerprints_as_any_input(value: Any, seed: int) -> None:
+    # The batch path skips the canonical copy of an input check_depth found plain; the
+    # fingerprint must be the one POST /runs computes (respelt: floats in half the ints).
+    for candidate in (value, _respell(value, random.Random(seed))):
+        request = _request(candidate, delay=2.0, priority=3)
+        plain = json.check_depth(candidate, "input")
+        assert request.fingerprint(plain_input=plain) == request.fingerprint()
+
+
+def test_check_depth_calls_floats_and_odd_keys_not_plain() -> None:
+    assert json.check_depth({"a": [1, "x", None, True, {"b": 2**70}]}, "input") is True
+    assert json.check_depth({"a": [1, 2.0]}, "input") is False
+    assert json.check_depth({"a": {1: "x"}}, "input") is False
+    assert json.check_depth({"a": (1, 2.0)}, "input") is False
+    assert json.encode_limited({"a": 1.5}, 100, "input") == ('{"a":1.5}', False)
+    # Trusting a float input as plain would change the fingerprint: the flag matters.
+    request = _request({"a": 1.0})
+    assert request.fingerprint(plain_input=True) != request.fingerprint()

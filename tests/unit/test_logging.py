@@ -18,7 +18,7 @@ import structlog
 from pydantic import ValidationError
 
 from app.api.server import server_config
-from app.core.logging import STEP_LOGGER, configure_logging
+from app.core.logging import DEBUG_ONLY_LOGGERS, STEP_LOGGER, configure_logging
 from app.core.settings import LogFormat, Settings
 
 FOREIGN = ("alembic.runtime.migration", "uvicorn.error", "asyncio", "sqlalchemy.engine.Engine")
@@ -111,6 +111,20 @@ def test_console_traceback_keeps_its_line_breaks() -> None:
     assert "Traceback (most recent call last)" in text
     assert len(text.splitlines()) > 2
     assert "\x1b" not in text
+
+
+@pytest.mark.parametrize("name", DEBUG_ONLY_LOGGERS)
+def test_library_start_up_chatter_shows_only_at_debug(name: str) -> None:
+    normal = _configure(LogFormat.JSON, log_level="info")
+    logging.getLogger(name).info("setup plugin alembic.autogenerate.schemas")
+    logging.getLogger(name).warning("plugin failed")
+    logging.getLogger("alembic.runtime.migration").info("Running upgrade")
+    assert [r["event"] for r in _json_lines(normal)] == ["plugin failed", "Running upgrade"]
+
+    structlog.reset_defaults()
+    asked = _configure(LogFormat.JSON, log_level="debug")
+    logging.getLogger(name).info("setup plugin alembic.autogenerate.schemas")
+    assert [r["event"] for r in _json_lines(asked)] == ["setup plugin alembic.autogenerate.schemas"]
 
 
 def test_step_lines_have_their_own_level() -> None:

@@ -138,6 +138,13 @@ def test_jitter_is_deterministic_and_bounded() -> None:
 
 
 @pytest.mark.parametrize(
+    "cron", ["*/60 * * * *", "*/15 * * * *", "0 */24 * * *", "0 0 1-31/31 * *", "0 0 * * */7"]
+)
+def test_steps_up_to_the_fields_count_are_accepted(cron: str) -> None:
+    check_timing(cron, "UTC", None)
+
+
+@pytest.mark.parametrize(
     ("cron", "zone", "at", "message"),
     [
         ("* * * *", "UTC", None, "5 fields"),
@@ -147,6 +154,21 @@ def test_jitter_is_deterministic_and_bounded() -> None:
         ("* * * * *", "localtime", None, "time zone"),
         ("* * * * *", "Europe/../UTC", None, "time zone"),
         ("0 0 L-3 * *", "UTC", None, "bad cron"),
+        # steps beyond the field's count of values, in every field, and absurd numbers
+        ("*/99999999999999999999 * * * *", "UTC", None, "number too large"),
+        ("*/61 * * * *", "UTC", None, "step in minute"),
+        ("5/99 * * * *", "UTC", None, "step in minute"),
+        ("1-5/0 * * * *", "UTC", None, "step in minute"),
+        ("0,*/70 * * * *", "UTC", None, "step in minute"),
+        ("0 */25 * * *", "UTC", None, "step in hour"),
+        ("0 0 */32 * *", "UTC", None, "step in day-of-month"),
+        ("0 0 1 JAN/13 *", "UTC", None, "step in month"),
+        ("0 0 * * MON/8", "UTC", None, "step in day-of-week"),
+        ("0 0 * * 1/x", "UTC", None, "step in day-of-week"),
+        ("1-" + "9" * 30 + " * * * *", "UTC", None, "number too large"),
+        ("*/" + "9" * 5000 + " * * * *", "UTC", None, "number too large"),
+        ("0 0 999 * *", "UTC", None, "number too large"),
+        ("0 0 * 13 *", "UTC", None, "bad cron"),
         (None, "UTC", None, "exactly one"),
         ("* * * * *", "UTC", z("2027-01-01T00:00:00+00:00"), "exactly one"),
         (None, "UTC", datetime(2027, 1, 1), "timezone"),

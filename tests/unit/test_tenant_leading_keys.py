@@ -9,7 +9,7 @@ table still to convert (``PENDING``, each with why). A new table has to be one o
 
 from __future__ import annotations
 
-from sqlalchemy import Table
+from sqlalchemy import Table, UniqueConstraint
 
 from app.db.tables import metadata
 
@@ -22,20 +22,9 @@ REFERENCE = {
     "tenants": "the tenant list itself; keyed by tenant_id already",
 }
 
-# Tenant-owned tables revisions 0022 and 0024 did not convert yet, each with what keeps it.
-# The test fails once one of them becomes tenant-leading, so the list only shrinks.
+# Tenant-owned tables revisions 0022, 0024, 0026 and 0027 did not convert, each with what
+# keeps it. The test fails once one of them becomes tenant-leading, so the list only shrinks.
 PENDING = {
-    "runs": "PK (run_id): every run child's foreign key moves with it (next slice)",
-    "run_labels": "FK to runs(run_id); waits for runs",
-    "steps": "FK to runs(run_id); waits for runs",
-    "events": "FK to runs(run_id); PK event_id is SQLite's autoincrement rowid "
-    "((event_id, run_id) on PostgreSQL, partitioned: docs/adr/0036-time-partitions.md)",
-    "dead_letters": "FK to runs(run_id); waits for runs",
-    "signals": "FK to runs(run_id); PK signal_id is SQLite's autoincrement rowid",
-    "approval_decisions": "FK to runs(run_id); waits for runs",
-    "run_logs": "FK to runs(run_id); PK id is SQLite's autoincrement rowid",
-    "event_waits": "FK to runs(run_id); waits for runs",
-    "runs_archive": "PK (run_id): archive and run_archived lookups (next slice)",
     "api_keys": "UNIQUE (prefix): looked up before the tenant is known",
     "console_sessions": "PK (id_hash): looked up from a cookie before the tenant is known",
 }
@@ -48,9 +37,23 @@ def _tenant_owned(table: Table) -> bool:
 def _violations(table: Table) -> list[str]:
     """What keeps ``table`` from being tenant-leading (empty: nothing)."""
     found: list[str] = []
-    pk = [c.name for c in table.primary_key.columns]
+    rowid = [c.name for c in table.primary_key.columns]
+    # events, signals, run_logs: PostgreSQL's key is named in ``info``; SQLite keeps the
+    # autoincrement rowid and must hold the same tenant-leading key as a unique
+    # constraint beside it (revision 0027).
+    pk = list(table.info.get("postgresql_primary_key") or rowid)
     if not pk or pk[0] != "tenant_id":
         found.append(f"primary key {pk}")
+    if pk != rowid:
+        beside = [
+            [c.name for c in uq.columns]
+            for uq in table.constraints
+            if isinstance(uq, UniqueConstraint)
+            and (only := uq._ddl_if) is not None
+            and only.dialect == "sqlite"
+        ]
+        if len(rowid) != 1 or pk not in beside:
+            found.append(f"SQLite key {rowid} without a unique {pk} beside it")
     for uq in table.constraints:
         cols = [c.name for c in getattr(uq, "columns", [])]
         if type(uq).__name__ == "UniqueConstraint" and (not cols or cols[0] != "tenant_id"):
@@ -116,3 +119,32 @@ def test_the_check_sees_a_single_column_key() -> None:
     )
     assert _violations(parent) == ["primary key ['pid']"]
     assert _violations(child) == ["primary key ['pid', 'n']", "foreign key ['pid'] -> parent"]
+
+
+def test_the_check_sees_a_rowid_key_without_its_tenant_leading_twin() -> None:
+    """A PostgreSQL key in ``info`` needs the SQLite rowid's tenant-leading unique beside it."""
+    from sqlalchemy import Column, Integer, MetaData, String, Uuid
+    from sqlalchemy.schema import SchemaItem
+
+    md = MetaData()
+
+    def log(*extra: SchemaItem) -> Table:
+        return Table(
+            f"log{len(md.tables)}",
+            md,
+            Column("id", Integer, primary_key=True, autoincrement=True),
+            Column("tenant_id", String(128)),
+            Column("run_id", Uuid),
+            *extra,
+            info={"postgresql_primary_key": ("tenant_id", "run_id", "id")},
+        )
+
+    twin = UniqueConstraint("tenant_id", "run_id", "id").ddl_if(dialect="sqlite")
+    assert _violations(log(twin)) == []
+    assert _violations(log()) == [
+        "SQLite key ['id'] without a unique ['tenant_id', 'run_id', 'id'] beside it"
+    ]
+    everywhere = UniqueConstraint("tenant_id", "run_id", "id")  # PostgreSQL would build it twice
+    assert _violations(log(everywhere)) == [
+        "SQLite key ['id'] without a unique ['tenant_id', 'run_id', 'id'] beside it"
+    ]

@@ -101,16 +101,29 @@ async def revoke_api_key(
 ) -> schemas.ApiKey:
     """Revoke a key now (idempotent).
 
+    The key is looked up in the caller's tenant, or in ``?tenant=`` when given, as
+    ``GET /admin/api-keys`` lists them and ``POST`` creates them (``tenant`` in the
+    body): to revoke another tenant's key, pass its tenant (the key's ``tenant`` field).
+    A key that is not in that tenant is ``404 api_key_not_found``, whose ``detail``
+    names the tenant searched and says to pass ``?tenant=``; a missing key and another
+    tenant's answer alike.
+
     Requests with it get 401 from then on, and the runs it submitted end ``failed`` /
     ``failure_authorization`` at their next worker attempt.
     """
+    chosen = _tenant(principal, tenant, "api key revocation")
+    # One refusal for a malformed id, a missing key and another tenant's key (the
+    # tenant-scoped query decides; nothing tells them apart): it says where it looked.
+    hint = "" if tenant else "; a key of another tenant needs ?tenant=<its tenant>"
+    not_found = ApiKeyNotFound(
+        f"API key {key_id[:100]!r} not found in tenant {chosen!r}{hint}", key_id=key_id[:100]
+    )
     try:
         kid = uuid.UUID(key_id)
     except ValueError:
-        raise ApiKeyNotFound(f"API key {key_id[:100]!r} not found") from None
-    row = await service.revoke(
-        tenant_id=_tenant(principal, tenant, "api key revocation"),
-        key_id=kid,
-        actor=principal.subject,
-    )
+        raise not_found from None
+    try:
+        row = await service.revoke(tenant_id=chosen, key_id=kid, actor=principal.subject)
+    except ApiKeyNotFound:
+        raise not_found from None
     return _view(row)

@@ -13,7 +13,13 @@ from app.db.migrations import check_schema
 
 router = APIRouter(tags=["health"])
 
+# Load balancers and uptime checkers probe with HEAD: each probe answers HEAD as GET
+# (same status and headers, no body: the server drops it). FastAPI routes take only the
+# methods they list, so HEAD is a second route of the same function, outside the
+# OpenAPI document (the GET operation says it; docs/api.md, "Health").
 
+
+@router.head("/healthz", include_in_schema=False)
 @router.get(
     "/healthz",
     operation_id="get_health",
@@ -22,10 +28,11 @@ router = APIRouter(tags=["health"])
     openapi_extra=PUBLIC,
 )
 async def healthz() -> schemas.Health:
-    """Liveness: the process answers."""
+    """Liveness: the process answers (``HEAD /healthz`` too: the status alone)."""
     return schemas.Health(status="ok")
 
 
+@router.head("/readyz", include_in_schema=False)
 @router.get(
     "/readyz",
     operation_id="get_readiness",
@@ -34,7 +41,10 @@ async def healthz() -> schemas.Health:
     openapi_extra=PUBLIC,
 )
 async def readyz(db: DB) -> JSONResponse:
-    """Readiness: the database is reachable and its schema is at this code's head."""
+    """Readiness: the database is reachable and its schema is at this code's head.
+
+    ``HEAD /readyz`` answers the same status (200 or 503) without a body.
+    """
     try:
         await check_schema(db)
     except SchemaVersionMismatch as exc:

@@ -49,6 +49,8 @@ async def _refresh_gauges(request: Request, db: DB) -> None:
     metrics.DEAD_LETTERS_PENDING.set(int(pending))
 
 
+# HEAD as GET, no body, outside the OpenAPI document (app/api/routes/health.py says why).
+@router.head("/metrics", include_in_schema=False)
 @router.get(
     "/metrics",
     operation_id="get_metrics",
@@ -69,6 +71,7 @@ async def get_metrics(request: Request, db: DB) -> Response:
     version no live worker registered) and pending dead letters across all tenants (counts only,
     refreshed at most every 5 seconds), submissions, and HTTP request metrics by route
     template. Workers expose their own metrics with ``treadle worker --metrics-port``.
+    ``HEAD /metrics`` answers the status and headers alone.
     """
     await _refresh_gauges(request, db)
     return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)

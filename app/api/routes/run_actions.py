@@ -12,6 +12,7 @@ from app.api.problems import PROBLEM_RESPONSES
 from app.api.routes.runs import parse_run_id
 from app.api.views import dead_letter_view, run_view
 from app.core import metrics
+from app.core.limits import MAX_SIGNAL_NAME
 from app.engine import control
 from app.engine import rerun as rerun_engine
 
@@ -20,7 +21,9 @@ router = APIRouter(prefix="/runs", tags=["runs"])
 _CONFLICT: dict[int | str, dict[str, Any]] = {
     409: {"model": schemas.Problem, "description": "Run finished or wrong state"}
 }
-SignalName = Annotated[str, Path(min_length=1, max_length=200, pattern=r"^[A-Za-z0-9_.\-]+$")]
+SignalName = Annotated[
+    str, Path(min_length=1, max_length=MAX_SIGNAL_NAME, pattern=r"^[A-Za-z0-9_.\-]+$")
+]
 StepPath = Annotated[str, Path(min_length=1, max_length=255, pattern=r"^[A-Za-z0-9_.\-#:]+$")]
 
 

@@ -37,6 +37,7 @@ from app.api.event_stream import (
 from app.api.links import RUN_LINKS
 from app.api.pagination import INT32_MAX, decode_token, encode_token, int_position
 from app.api.problems import PROBLEM_RESPONSES as _PROBLEMS
+from app.api.query_params import repeated
 from app.api.responses import AsciiJSONResponse, SafeTextResponse
 from app.api.views import (
     dead_letter_view,
@@ -44,6 +45,7 @@ from app.api.views import (
     is_redacted,
     log_view,
     render_report_text,
+    run_json,
     run_view,
     step_view,
     withheld_outputs,
@@ -54,6 +56,7 @@ from app.core.errors import BadRequest, InvalidInput, InvalidRequest, RunNotFoun
 from app.core.labels import MAX_LABELS, LabelFilter, parse_label_filter, validate_labels
 from app.core.settings import Settings
 from app.core.status import RunReason, RunStatus, StepStatus
+from app.core.text import text_problem
 from app.db.database import fetch_now
 from app.db.queries import dead_letters as dl_q
 from app.db.queries import definitions as defs_q
@@ -221,7 +224,12 @@ async def submit_runs_batch(
         api_key_id=principal.api_key_id,
         trace=tracing.submit_context(request.headers),
     )
-    out: list[schemas.BatchItemResult] = []
+    # The 207 body is built as JSON members directly, one run_json per run: one pydantic
+    # Run (and its model_dump) per item was a third of a 1,000-run request's time
+    # (docs/benchmarks.md). The members, their order and their forms are exactly
+    # SubmitBatchResponse's dump (by alias, nulls kept; tests/integration/
+    # test_submit_batch.py checks the bytes), which the spec still documents.
+    out: list[dict[str, Any]] = []
     created = failed = 0
     # Counted per workflow, then added once each: a labelled child lookup per run was a
     # tenth of a 1,000-run batch's time (benchmarks/submit_batch.py).
@@ -232,9 +240,12 @@ async def submit_runs_batch(
                 created += 1
                 per_workflow[str(result.row["workflow"])] += 1
             out.append(
-                schemas.BatchItemResult(
-                    index=index, status=201 if result.created else 200, run=run_view(result.row)
-                )
+                {
+                    "index": index,
+                    "status": 201 if result.created else 200,
+                    "run": run_json(result.row),
+                    "problem": None,
+                }
             )
             continue
         assert result.error is not None
@@ -245,20 +256,24 @@ async def submit_runs_batch(
             status, error.code, error.detail, instance=request.url.path, **error.data
         )
         out.append(
-            schemas.BatchItemResult(
-                index=index, status=status, problem=schemas.Problem.model_validate(problem)
-            )
+            {
+                "index": index,
+                "status": status,
+                "run": None,
+                "problem": schemas.Problem.model_validate(problem).model_dump(
+                    mode="json", by_alias=True
+                ),
+            }
         )
     for workflow, n in per_workflow.items():
         metrics.RUNS_SUBMITTED.labels(workflow).inc(n)
     if created:
         wake_workers(request)
-    answer = schemas.SubmitBatchResponse(results=out, created=created, failed=failed)
-    # Sent as built: FastAPI would validate the finished model against response_model
-    # again and then dump it, one more pass over a thousand runs for nothing (the spec
-    # still documents response_model). The same members as its serialisation (by alias,
-    # nulls kept), encoded by the app's AsciiJSONResponse.
-    return AsciiJSONResponse(answer.model_dump(mode="json", by_alias=True), status_code=207)
+    # Sent as built, encoded by the app's AsciiJSONResponse: FastAPI does not validate it
+    # against response_model again.
+    return AsciiJSONResponse(
+        {"results": out, "created": created, "failed": failed}, status_code=207
+    )
 
 
 def _batch_item(index: int, raw: Any) -> SubmitRequest | TreadleError:
@@ -268,13 +283,9 @@ def _batch_item(index: int, raw: Any) -> SubmitRequest | TreadleError:
     except ValidationError as exc:
         return InvalidRequest(
             "run does not match the API schema (SubmitRunRequest)",
-            errors=[
-                {
-                    "path": ".".join(["body", "runs", str(index), *(str(p) for p in e["loc"])]),
-                    "message": str(e.get("msg", "invalid")),
-                }
-                for e in exc.errors()[:20]
-            ],
+            errors=problems.validation_items(
+                [{**e, "loc": ("body", "runs", index, *e["loc"])} for e in exc.errors()]
+            ),
         )
     try:
         labels = validate_labels(body.labels)
@@ -374,14 +385,15 @@ def _label_filters(request: Request, *, counts: bool) -> tuple[LabelFilter, ...]
                 "or label.<key>",
                 errors=[{"path": f"query.{name[:80]}", "message": "unknown filter"}],
             )
-    for name in request.query_params:
-        # Every parameter takes one value: a repeated one used to keep only the last
-        # (``status=failed&status=completed`` listed completed runs), silently.
-        if len(request.query_params.getlist(name)) > 1:
-            raise InvalidInput(
-                f"filter {name[:80]!r} is given more than once; it takes one value",
-                errors=[{"path": f"query.{name[:80]}", "message": "repeated"}],
-            )
+    # A declared parameter given twice was refused before the route ran
+    # (app.api.query_params); ``label.<key>`` is read here, so its repeats are refused here.
+    twice = [
+        n
+        for n in dict.fromkeys(request.query_params.keys())
+        if n.startswith("label.") and len(request.query_params.getlist(n)) > 1
+    ]
+    if twice:
+        raise repeated(twice)
     for name, raw in request.query_params.multi_items():
         if not name.startswith("label."):
             continue
@@ -469,11 +481,11 @@ def _filters(
 
 def _check_key(value: str | None, name: str = "idempotency_key") -> None:
     # The pattern in the spec documents it; this gives the clear message (and PostgreSQL
-    # could not even compare a NUL).
-    if value is not None and any(ord(c) < 0x20 or ord(c) == 0x7F for c in value):
+    # could not even compare a NUL). The rule is the one every text field follows.
+    problem = None if value is None else text_problem(value)
+    if problem is not None:
         raise InvalidInput(
-            f"{name} may not contain control characters",
-            errors=[{"path": f"query.{name}", "message": "control characters"}],
+            f"{name}: {problem}", errors=[{"path": f"query.{name}", "message": problem}]
         )
 
 
@@ -599,7 +611,9 @@ async def get_run_result(
     response: Response,
     principal: RunsRead,
     db: DB,
-    wait: Annotated[float, Query(ge=0, le=300, description="Seconds to long-poll")] = 0,
+    wait: Annotated[
+        float, Query(ge=0, le=300, allow_inf_nan=False, description="Seconds to long-poll")
+    ] = 0,
     tenant: TenantQuery = None,
 ) -> schemas.RunResult:
     """The run's result: 200 once terminal, 202 if still running after ``wait`` seconds."""

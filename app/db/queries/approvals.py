@@ -41,17 +41,19 @@ async def insert_decision(
             comment=comment,
             decided_at=now_expr(dialect),
         )
-        .on_conflict_do_nothing(index_elements=["run_id", "step_id", "decided_by"])
+        .on_conflict_do_nothing(index_elements=["tenant_id", "run_id", "step_id", "decided_by"])
         .returning(approval_decisions.c.decided_by)
     )
     return (await conn.execute(stmt)).first() is not None
 
 
 async def list_decisions(
-    conn: AsyncConnection, run_id: uuid.UUID, step_id: str | None = None
+    conn: AsyncConnection, run_id: uuid.UUID, step_id: str | None = None, *, tenant_id: str
 ) -> Sequence[RowMapping]:
-    """Decisions on a run's approvals (one approval if ``step_id``), in decision order."""
-    stmt = select(approval_decisions).where(approval_decisions.c.run_id == run_id)
+    """Decisions on a tenant's run's approvals (one approval if ``step_id``), in order."""
+    stmt = select(approval_decisions).where(
+        approval_decisions.c.tenant_id == tenant_id, approval_decisions.c.run_id == run_id
+    )
     if step_id is not None:
         stmt = stmt.where(approval_decisions.c.step_id == step_id)
     stmt = stmt.order_by(approval_decisions.c.decided_at, approval_decisions.c.decided_by)
@@ -117,7 +119,12 @@ async def list_waiting(
             given.label("approvals_given"),
             rejected.label("rejections"),
         )
-        .select_from(runs.join(steps, steps.c.run_id == runs.c.run_id))
+        .select_from(
+            runs.join(
+                steps,
+                and_(steps.c.tenant_id == runs.c.tenant_id, steps.c.run_id == runs.c.run_id),
+            )
+        )
         .where(
             runs.c.tenant_id == tenant_id,
             runs.c.status.in_(open_statuses),

@@ -1,6 +1,7 @@
 """Single-statement step checkpoints for PostgreSQL: fence check, journal and event at once.
 
-A step attempt writes two checkpoints: its start and its result. Each must (1) verify
+A step attempt writes one checkpoint when it finishes quickly (:func:`step_done`, the
+whole attempt at once) or two: its start and its result. Each must (1) verify
 that the run's fence is still ours while locking the run row, (2) upsert the step's
 journal row and (3) append a timeline event, atomically. Sent as separate statements in
 an explicit transaction that is five round trips (BEGIN, three statements, COMMIT); here
@@ -9,6 +10,10 @@ autocommit, so the statement is its own transaction. ``held`` takes the run row 
 (an ``UPDATE``, re-checked against a concurrent claim's new fence under READ COMMITTED),
 and the journal and event rows are produced only ``FROM held``: a moved fence writes
 nothing, exactly like :func:`app.db.queries.runs.check_fence` followed by the writes.
+Every statement names the run's tenant beside its id (``tenant_id = :tenant_id``): it
+narrows nothing for the right tenant, makes a wrong one match nothing, and routes the
+statement to one shard on a database distributed by tenant
+(docs/adr/0034-tenant-leading-keys.md).
 A run's completion (:func:`complete_run`) is folded the same way when nothing else
 changes with it (no concurrency slot to hand on, no parent to wake).
 
@@ -22,7 +27,8 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Awaitable, Callable
-from typing import Literal, TypeVar
+from datetime import datetime
+from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 from sqlalchemy import BigInteger, Integer, String, Text, Uuid, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -31,6 +37,10 @@ from app.core.errors import LeaseLost
 from app.core.status import EventKind, RunStatus, StepStatus
 from app.db.database import Database
 from app.db.queries.runs import LEASED_STATUSES
+from app.db.types import UtcDateTime
+
+if TYPE_CHECKING:
+    from app.db.group_commit import Grouped
 
 T = TypeVar("T")
 
@@ -42,13 +52,15 @@ async def commit(
     transaction: Write[T],
     *,
     statement: Write[T] | None = None,
+    grouped: Grouped | None = None,
     what: str,
     pool: Literal["main", "lease"] = "main",
 ) -> T:
     """Commit one fenced write of a leased run in the form the dialect calls for.
 
     On PostgreSQL, when the write has a single self-fencing form (``statement``: one of
-    :func:`start_attempt`, :func:`record_success`, :func:`complete_run`), that statement
+    :func:`start_attempt`, :func:`record_success`, :func:`step_done`,
+    :func:`complete_run`), that statement
     runs alone on an autocommit connection: one round trip instead of five. Otherwise
     (SQLite, or a write that is more than one statement) ``transaction`` runs in a write
     transaction; it must fence itself (:func:`app.db.queries.runs.check_fence` first, or
@@ -56,10 +68,17 @@ async def commit(
     serialization failure or SQLite lock (``TREADLE_DB_RETRY_ATTEMPTS``), so neither may
     keep state outside the database between calls.
 
+    ``grouped``, given with ``statement``, is the same write as a row for the process's
+    group committer (app/db/group_commit.py): on PostgreSQL with group commit on
+    (``TREADLE_GROUP_COMMIT_WINDOW_MS`` not negative) it is sent with the other runs'
+    rows of the same moment in one statement, and this returns once that statement
+    committed (docs/adr/0039-group-commit.md).
+
     Args:
         db: the database (its ``dialect`` picks the form).
         transaction: the multi-statement form; receives the open connection.
         statement: the single-statement form, if the write has one.
+        grouped: the same write as a group-commit row (returns None).
         what: names the write in retry log lines.
         pool: ``lease`` for a lease release (the lease pool, beside heartbeats:
             ``Database.lease_write``), else the main pool.
@@ -68,10 +87,14 @@ async def commit(
         What the form that ran returned.
 
     Raises:
-        LeaseLost: the fence moved; nothing was written.
+        LeaseLost: the fence moved (or ``tenant_id`` is not the run's); nothing was
+            written.
         Whatever else the form raised (faults are classified by the caller).
     """
     if statement is not None and db.dialect == "postgresql":
+        if grouped is not None and db.settings.group_commit_window_ms >= 0:
+            await grouped.commit(db)
+            return cast(T, None)
         return await db.autocommit_retrying(statement, what=what)
     if pool == "lease":
         return await db.lease_write_retrying(transaction, what=what)
@@ -82,8 +105,9 @@ _LEASED_SQL = ", ".join(f"'{s.value}'" for s in LEASED_STATUSES)
 
 _HELD = f"""
 held AS (
-    UPDATE runs SET updated_at = now()
-    WHERE run_id = :run_id AND fence = :fence AND status IN ({_LEASED_SQL})
+    UPDATE runs SET updated_at = now(), lost_claims = 0
+    WHERE tenant_id = :tenant_id AND run_id = :run_id AND fence = :fence
+      AND status IN ({_LEASED_SQL})
     RETURNING run_id, tenant_id
 )"""
 
@@ -99,18 +123,27 @@ journal AS (
     INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt,
                        max_attempts, fence, next_attempt_at, detail, created_at, started_at)
     SELECT run_id, :step_id, tenant_id, :seq, :kind, :name, :status, :attempt,
-           :max_attempts, :fence, NULL, :detail, now(), now()
+           :max_attempts, :fence, NULL, :detail, now(),
+           LEAST(CAST(:started_at AS timestamptz), now())
     FROM held
-    ON CONFLICT (run_id, step_id) DO UPDATE SET
-        status = excluded.status, attempt = excluded.attempt, started_at = now(),
+    ON CONFLICT (tenant_id, run_id, step_id) DO UPDATE SET
+        status = excluded.status, attempt = excluded.attempt, started_at = excluded.started_at,
         finished_at = NULL, fence = excluded.fence, next_attempt_at = NULL, error = NULL,
         detail = excluded.detail
     RETURNING run_id, tenant_id
-), {_TIMELINE}
+),
+timeline AS (
+    INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
+    SELECT run_id, tenant_id, LEAST(CAST(:started_at AS timestamptz), now()), :event_kind,
+           :step_id, NULL, :event_data
+    FROM journal
+)
 SELECT count(*) FROM held"""
 ).bindparams(
     bindparam("run_id", type_=Uuid()),
+    bindparam("tenant_id", type_=String()),
     bindparam("fence", type_=BigInteger()),
+    bindparam("started_at", type_=UtcDateTime()),
     bindparam("step_id", type_=String()),
     bindparam("seq", type_=Integer()),
     bindparam("kind", type_=String()),
@@ -129,12 +162,14 @@ journal AS (
     UPDATE steps SET status = :status, output = :output, error = NULL, fence = :fence,
                      finished_at = now(), next_attempt_at = NULL
     FROM held
-    WHERE steps.run_id = held.run_id AND steps.step_id = :step_id
+    WHERE steps.tenant_id = :tenant_id AND steps.run_id = held.run_id
+      AND steps.step_id = :step_id
     RETURNING held.run_id, held.tenant_id
 ), {_TIMELINE}
 SELECT count(*) FROM held"""
 ).bindparams(
     bindparam("run_id", type_=Uuid()),
+    bindparam("tenant_id", type_=String()),
     bindparam("fence", type_=BigInteger()),
     bindparam("step_id", type_=String()),
     bindparam("status", type_=String()),
@@ -144,10 +179,118 @@ SELECT count(*) FROM held"""
 )
 
 
+_DONE = text(
+    f"""WITH {_HELD},
+journal AS (
+    INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt,
+                       max_attempts, output, fence, next_attempt_at, detail, created_at,
+                       started_at, finished_at)
+    SELECT run_id, :step_id, tenant_id, :seq, :kind, :name, :status, :attempt,
+           :max_attempts, :output, :fence, NULL, :detail, now(),
+           LEAST(CAST(:started_at AS timestamptz), now()), now()
+    FROM held
+    ON CONFLICT (tenant_id, run_id, step_id) DO UPDATE SET
+        status = excluded.status, attempt = excluded.attempt, output = excluded.output,
+        error = NULL, started_at = excluded.started_at, finished_at = excluded.finished_at,
+        fence = excluded.fence, next_attempt_at = NULL, detail = excluded.detail
+    RETURNING run_id, tenant_id
+),
+-- Both events from one INSERT, in timeline order: sibling data-modifying CTEs run in no
+-- defined order (PostgreSQL manual, 7.8.4), the rows of one INSERT … SELECT … ORDER BY do.
+timeline AS (
+    INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
+    SELECT run_id, tenant_id, e.at, e.kind, :step_id, NULL, e.data
+    FROM journal CROSS JOIN (VALUES
+        (1, LEAST(CAST(:started_at AS timestamptz), now()), CAST(:started_kind AS varchar),
+         CAST(:started_data AS text)),
+        (2, now(), CAST(:event_kind AS varchar), CAST(:event_data AS text))
+    ) AS e (n, at, kind, data)
+    ORDER BY e.n
+)
+SELECT count(*) FROM held"""
+).bindparams(
+    bindparam("run_id", type_=Uuid()),
+    bindparam("tenant_id", type_=String()),
+    bindparam("fence", type_=BigInteger()),
+    bindparam("step_id", type_=String()),
+    bindparam("seq", type_=Integer()),
+    bindparam("kind", type_=String()),
+    bindparam("name", type_=String()),
+    bindparam("status", type_=String()),
+    bindparam("attempt", type_=Integer()),
+    bindparam("max_attempts", type_=Integer()),
+    bindparam("output", type_=Text()),
+    bindparam("detail", type_=Text()),
+    bindparam("started_at", type_=UtcDateTime()),
+    bindparam("started_kind", type_=String()),
+    bindparam("started_data", type_=Text()),
+    bindparam("event_kind", type_=String()),
+    bindparam("event_data", type_=Text()),
+)
+
+
+async def step_done(
+    conn: AsyncConnection,
+    *,
+    run_id: uuid.UUID,
+    tenant_id: str,
+    fence: int,
+    step_id: str,
+    seq: int,
+    kind: str,
+    name: str,
+    attempt: int,
+    max_attempts: int,
+    detail: str | None,
+    output: str,
+    started_at: datetime,
+    started_data: str,
+    event_data: str,
+) -> None:
+    """Fence-check, journal a whole attempt that succeeded (no start record), both events.
+
+    The one commit of a step that finished before its start record was due
+    (``TREADLE_STEP_START_RECORD_AFTER_SECONDS``, docs/adr/0040-one-commit-per-step.md):
+    the ``steps`` row is written ``succeeded`` with ``output`` (JSON text) and
+    ``started_at`` (the attempt's start, database clock), then ``step_started``
+    (``started_data``, at ``started_at``) and ``step_succeeded`` (``event_data``) in that
+    order. Run on an autocommit connection (PostgreSQL).
+
+    Raises:
+        LeaseLost: the fence moved (or ``tenant_id`` is not the run's); nothing was
+            written.
+    """
+    result = await conn.execute(
+        _DONE,
+        {
+            "run_id": run_id,
+            "tenant_id": tenant_id,
+            "fence": fence,
+            "step_id": step_id,
+            "seq": seq,
+            "kind": kind,
+            "name": name,
+            "status": StepStatus.SUCCEEDED.value,
+            "attempt": attempt,
+            "max_attempts": max_attempts,
+            "output": output,
+            "detail": detail,
+            "started_at": started_at,
+            "started_kind": EventKind.STEP_STARTED.value,
+            "started_data": started_data,
+            "event_kind": EventKind.STEP_SUCCEEDED.value,
+            "event_data": event_data,
+        },
+    )
+    if result.scalar_one() != 1:
+        raise LeaseLost(run_id)
+
+
 async def start_attempt(
     conn: AsyncConnection,
     *,
     run_id: uuid.UUID,
+    tenant_id: str,
     fence: int,
     step_id: str,
     seq: int,
@@ -157,18 +300,23 @@ async def start_attempt(
     max_attempts: int,
     detail: str | None,
     event_data: str,
+    started_at: datetime | None = None,
 ) -> None:
     """Fence-check, journal attempt ``attempt`` of a step as running, append ``step_started``.
 
-    ``event_data`` is the event's JSON text. Run on an autocommit connection (PostgreSQL).
+    ``event_data`` is the event's JSON text; ``started_at`` when the attempt began, if
+    before now (a held start record, docs/adr/0040-one-commit-per-step.md), else None.
+    Run on an autocommit connection (PostgreSQL).
 
     Raises:
-        LeaseLost: the fence moved; nothing was written.
+        LeaseLost: the fence moved (or ``tenant_id`` is not the run's); nothing was
+            written.
     """
     result = await conn.execute(
         _START,
         {
             "run_id": run_id,
+            "tenant_id": tenant_id,
             "fence": fence,
             "step_id": step_id,
             "seq": seq,
@@ -178,6 +326,7 @@ async def start_attempt(
             "attempt": attempt,
             "max_attempts": max_attempts,
             "detail": detail,
+            "started_at": started_at,
             "event_kind": EventKind.STEP_STARTED.value,
             "event_data": event_data,
         },
@@ -190,6 +339,7 @@ async def record_success(
     conn: AsyncConnection,
     *,
     run_id: uuid.UUID,
+    tenant_id: str,
     fence: int,
     step_id: str,
     output: str,
@@ -200,12 +350,14 @@ async def record_success(
     Run on an autocommit connection (PostgreSQL).
 
     Raises:
-        LeaseLost: the fence moved; nothing was written.
+        LeaseLost: the fence moved (or ``tenant_id`` is not the run's); nothing was
+            written.
     """
     result = await conn.execute(
         _SUCCESS,
         {
             "run_id": run_id,
+            "tenant_id": tenant_id,
             "fence": fence,
             "step_id": step_id,
             "status": StepStatus.SUCCEEDED.value,
@@ -223,7 +375,8 @@ _COMPLETE = text(
     UPDATE runs SET status = :status, reason = :reason, output = :output, error = NULL,
                     lease_owner = NULL, lease_expires_at = NULL, available_at = NULL,
                     blocked_reason = NULL, finished_at = now(), updated_at = now()
-    WHERE run_id = :run_id AND fence = :fence AND status IN ({_LEASED_SQL})
+    WHERE tenant_id = :tenant_id AND run_id = :run_id AND fence = :fence
+      AND status IN ({_LEASED_SQL})
     RETURNING run_id, tenant_id, workflow, status, reason, finished_at
 ),
 timeline AS (
@@ -244,6 +397,7 @@ webhooks AS (
 SELECT count(*) FROM finished"""
 ).bindparams(
     bindparam("run_id", type_=Uuid()),
+    bindparam("tenant_id", type_=String()),
     bindparam("fence", type_=BigInteger()),
     bindparam("status", type_=String()),
     bindparam("reason", type_=String()),
@@ -253,7 +407,7 @@ SELECT count(*) FROM finished"""
 
 
 async def complete_run(
-    conn: AsyncConnection, *, run_id: uuid.UUID, fence: int, output: str
+    conn: AsyncConnection, *, run_id: uuid.UUID, tenant_id: str, fence: int, output: str
 ) -> None:
     """Fence-check, write ``completed`` with ``output`` (JSON text), append ``run_completed``.
 
@@ -265,12 +419,14 @@ async def complete_run(
     also hand the slot on or wake the parent, in the same transaction.
 
     Raises:
-        LeaseLost: the fence moved; nothing was written.
+        LeaseLost: the fence moved (or ``tenant_id`` is not the run's); nothing was
+            written.
     """
     result = await conn.execute(
         _COMPLETE,
         {
             "run_id": run_id,
+            "tenant_id": tenant_id,
             "fence": fence,
             "status": RunStatus.COMPLETED.value,
             "reason": "succeeded",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Sequence
 
-from sqlalchemy import RowMapping, insert, select, update
+from sqlalchemy import RowMapping, and_, insert, select, update
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.ids import new_uuid7
@@ -78,15 +78,23 @@ async def pending_for_run(conn: AsyncConnection, run_id: uuid.UUID) -> RowMappin
 async def mark_requeued(
     conn: AsyncConnection,
     *,
+    tenant_id: str,
     dead_letter_id: uuid.UUID,
     actor: str,
     reason: str,
     correlation_id: str | None,
 ) -> RowMapping:
-    """Record the requeue audit (who, why, correlation id) and return the updated row."""
+    """Record the requeue audit (who, why, correlation id) and return the updated row.
+
+    ``tenant_id`` is the run's: both statements find the row by the tenant-leading key
+    ``(tenant_id, dead_letter_id)`` (revision 0027, docs/adr/0034-tenant-leading-keys.md).
+    """
+    mine = and_(
+        dead_letters.c.tenant_id == tenant_id, dead_letters.c.dead_letter_id == dead_letter_id
+    )
     await conn.execute(
         update(dead_letters)
-        .where(dead_letters.c.dead_letter_id == dead_letter_id)
+        .where(mine)
         .values(
             status="requeued",
             requeued_at=now_expr(conn.dialect.name),
@@ -95,5 +103,5 @@ async def mark_requeued(
             correlation_id=correlation_id,
         )
     )
-    stmt = select(dead_letters).where(dead_letters.c.dead_letter_id == dead_letter_id)
+    stmt = select(dead_letters).where(mine)
     return (await conn.execute(stmt)).mappings().one()

@@ -9,13 +9,14 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, case, func, insert, select
+from sqlalchemy import RowMapping, bindparam, case, func, insert, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core import json
 from app.core.status import EventKind
 from app.db.dialect import now_expr
 from app.db.tables import events, runs
+from app.db.types import UtcDateTime
 
 
 async def append(
@@ -27,26 +28,32 @@ async def append(
     step_id: str | None = None,
     actor: str | None = None,
     data: dict[str, Any] | None = None,
+    at: datetime | None = None,
 ) -> None:
-    """Append one event stamped with the database clock. Events are never updated."""
-    await conn.execute(
-        _append_stmt(conn.dialect.name),
-        {
-            "run_id": run_id,
-            "tenant_id": tenant_id,
-            "kind": kind.value,
-            "step_id": step_id,
-            "actor": actor,
-            "data": None if data is None else json.dumps(data),
-        },
-    )
+    """Append one event stamped with the database clock (or ``at``, aware UTC).
+
+    ``at`` is for an event recorded after the fact (the start of an attempt journaled
+    once it finished, docs/adr/0040-one-commit-per-step.md). Events are never updated.
+    """
+    params: dict[str, Any] = {
+        "run_id": run_id,
+        "tenant_id": tenant_id,
+        "kind": kind.value,
+        "step_id": step_id,
+        "actor": actor,
+        "data": None if data is None else json.dumps(data),
+    }
+    if at is not None:
+        params["b_at"] = at  # an INSERT refuses a parameter it does not consume
+    await conn.execute(_append_stmt(conn.dialect.name, at is not None), params)
 
 
 @functools.cache
-def _append_stmt(dialect: str) -> Any:
+def _append_stmt(dialect: str, at_given: bool) -> Any:
     # Twice per step attempt: built once per dialect (statement construction showed up
     # in worker profiles); the values arrive as execute() parameters.
-    return insert(events).values(at=now_expr(dialect))
+    at = bindparam("b_at", type_=UtcDateTime()) if at_given else now_expr(dialect)
+    return insert(events).values(at=at)
 
 
 async def list_events(
@@ -131,12 +138,18 @@ async def append_emits(
     )
 
 
-async def counts_for_run(conn: AsyncConnection, run_id: uuid.UUID) -> tuple[int, int]:
-    """``(events, emitted events)`` of a run's timeline, in one range scan of its index."""
+async def counts_for_run(
+    conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str
+) -> tuple[int, int]:
+    """``(events, emitted events)`` of a tenant's run's timeline, one range scan of its index."""
     emitted = func.coalesce(
         func.sum(case((events.c.kind == EventKind.EMITTED.value, 1), else_=0)), 0
     )
-    stmt = select(func.count(), emitted).select_from(events).where(events.c.run_id == run_id)
+    stmt = (
+        select(func.count(), emitted)
+        .select_from(events)
+        .where(events.c.tenant_id == tenant_id, events.c.run_id == run_id)
+    )
     row = (await conn.execute(stmt)).one()
     return int(row[0]), int(row[1])
 
@@ -148,10 +161,15 @@ async def follow_position(
 
     What a follower polls (``GET /runs/{run_id}/events?follow=true``): the status is read
     before (or with) the events it then lists, so "terminal, and nothing after my cursor"
-    means every event of the run was sent. The id is a backward scan of
-    ``ix_events_run_id_event_id`` (one index entry), the run a primary-key lookup.
+    means every event of the run was sent. The id is a backward scan of the events' key
+    ``(tenant_id, run_id, event_id)`` (one index entry; SQLite's unique twin of it,
+    revision 0027), the run a primary-key lookup.
     """
-    top = select(func.max(events.c.event_id)).where(events.c.run_id == run_id).scalar_subquery()
+    top = (
+        select(func.max(events.c.event_id))
+        .where(events.c.tenant_id == tenant_id, events.c.run_id == run_id)
+        .scalar_subquery()
+    )
     stmt = select(runs.c.status, runs.c.reason, top).where(
         runs.c.run_id == run_id, runs.c.tenant_id == tenant_id
     )

@@ -1,8 +1,10 @@
-"""Queries on ``inbound_events`` and ``event_waits`` (docs/adr/0029-event-triggers.md).
+"""Queries on ``inbound_events`` and a post's side of ``event_waits`` (docs/adr/0029).
 
 ``inbound_events`` holds what ``POST /events`` recorded; ``event_waits`` the mailbox of
 each ``ctx.wait_for_event``. A post and a wait that starts meet under one lock per
-(tenant, event name), :func:`lock_name`, so each sees what the other committed.
+(tenant, event name), :func:`lock_name`, so each sees what the other committed. The
+waiting run's own mailbox writes (open, time out) are in :mod:`app.db.queries.event_waits`,
+called by the journal only.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.db.dialect import now_expr
+from app.db.queries.event_waits import still_waiting
 from app.db.queries.runs import visible_to
 from app.db.tables import event_waits, inbound_events, runs, workflow_definitions
 
@@ -168,38 +171,6 @@ async def trigger_definitions(conn: AsyncConnection, name: str) -> Sequence[RowM
     return (await conn.execute(stmt)).mappings().all()
 
 
-async def insert_wait(
-    conn: AsyncConnection,
-    *,
-    run_id: uuid.UUID,
-    step_id: str,
-    tenant_id: str,
-    name: str,
-    match: str,
-    since: datetime,
-) -> None:
-    """Open a run's mailbox for one ``ctx.wait_for_event`` (status ``waiting``)."""
-    await conn.execute(
-        event_waits.insert().values(
-            run_id=run_id,
-            step_id=step_id,
-            tenant_id=tenant_id,
-            name=name,
-            match=match,
-            since=since,
-            status="waiting",
-        )
-    )
-
-
-async def get_wait(conn: AsyncConnection, run_id: uuid.UUID, step_id: str) -> RowMapping | None:
-    """One wait's mailbox row."""
-    stmt = select(event_waits).where(
-        event_waits.c.run_id == run_id, event_waits.c.step_id == step_id
-    )
-    return (await conn.execute(stmt)).mappings().first()
-
-
 async def open_waits(conn: AsyncConnection, tenant_id: str, name: str) -> Sequence[RowMapping]:
     """The tenant's waits on ``name`` still ``waiting``, by run then step.
 
@@ -218,46 +189,21 @@ async def open_waits(conn: AsyncConnection, tenant_id: str, name: str) -> Sequen
 
 
 async def deliver(
-    conn: AsyncConnection, run_id: uuid.UUID, step_id: str, event_id: uuid.UUID
+    conn: AsyncConnection, run_id: uuid.UUID, step_id: str, event_id: uuid.UUID, *, tenant_id: str
 ) -> bool:
     """Deliver an event into a waiting mailbox; False if it was no longer ``waiting``.
 
-    The one compare-and-set that decides a wait: a timeout (:func:`time_out`) or another
-    event racing this one finds the row changed (PostgreSQL re-checks the condition on
-    the row once the competing writer commits).
+    The one compare-and-set that decides a wait: a timeout
+    (:func:`app.db.queries.event_waits.time_out`) or another event racing this one finds
+    the row changed (PostgreSQL re-checks the condition on the row once the competing
+    writer commits). A post delivers with it, and so does a starting wait's look-back.
     """
     result = await conn.execute(
         update(event_waits)
-        .where(
-            event_waits.c.run_id == run_id,
-            event_waits.c.step_id == step_id,
-            event_waits.c.status == "waiting",
-        )
+        .where(still_waiting(tenant_id, run_id, step_id))
         .values(status="delivered", event_id=event_id, delivered_at=now_expr(conn.dialect.name))
     )
     return result.rowcount == 1
-
-
-async def time_out(conn: AsyncConnection, run_id: uuid.UUID, step_id: str) -> bool:
-    """Close a waiting mailbox as ``timed_out``; False if an event was delivered first."""
-    result = await conn.execute(
-        update(event_waits)
-        .where(
-            event_waits.c.run_id == run_id,
-            event_waits.c.step_id == step_id,
-            event_waits.c.status == "waiting",
-        )
-        .values(status="timed_out")
-    )
-    return result.rowcount == 1
-
-
-async def delivered_to_run(conn: AsyncConnection, run_id: uuid.UUID) -> set[uuid.UUID]:
-    """Ids of the events already delivered to one of the run's waits (each at most once)."""
-    stmt = select(event_waits.c.event_id).where(
-        event_waits.c.run_id == run_id, event_waits.c.event_id.is_not(None)
-    )
-    return {row[0] for row in (await conn.execute(stmt)).all()}
 
 
 async def deliveries(

@@ -6,6 +6,13 @@ one rolled-back transaction for a dry run). Each filters on *terminal* status ag
 statement that writes, so a run revived between the pick and the write (retry, requeue) is
 never touched. Maintenance spans every tenant on purpose: it is an operator's job on the
 whole database, and it returns counts only, never data.
+
+A batch is named by its runs' keys, ``(tenant_id, run_id)`` pairs (:data:`RunKey`), and
+every statement on a batch filters on both ``tenant_id IN (the batch's tenants)`` and
+``run_id IN (the batch's ids)``. Run ids are globally unique, so the tenant filter
+narrows nothing; it names the shards a batch touches on a database distributed by
+tenant (docs/adr/0034-tenant-leading-keys.md). The picks themselves (finished runs, old
+events and dead letters, a partition's runs) walk every tenant by design.
 """
 
 from __future__ import annotations
@@ -33,6 +40,17 @@ from app.db.tables import (
 )
 
 _TERMINAL = sorted(s.value for s in TERMINAL_RUN_STATUSES)
+
+RunKey = tuple[str, uuid.UUID]
+"""A run's key: ``(tenant_id, run_id)``."""
+
+
+def _of(table: Any, keys: Sequence[RunKey]) -> Any:
+    # The batch's tenants and its ids (see the module docstring): exactly the batch's rows.
+    return and_(
+        table.c.tenant_id.in_(sorted({t for t, _ in keys})),
+        table.c.run_id.in_([r for _, r in keys]),
+    )
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,7 +82,7 @@ async def pick_finished_runs(
     after: RunsPosition | None,
     limit: int,
     uncompacted_only: bool,
-) -> tuple[list[uuid.UUID], RunsPosition | None]:
+) -> tuple[list[RunKey], RunsPosition | None]:
     """Pick the next batch of terminal runs finished before ``finished_before``.
 
     Walks ``ix_runs_finished_at_run_id`` in ``(finished_at, run_id)`` order from ``after``.
@@ -73,9 +91,9 @@ async def pick_finished_runs(
     a picked run before this transaction ends.
 
     Returns:
-        The picked run ids and the position after the last one (None when none).
+        The picked runs' keys and the position after the last one (None when none).
     """
-    stmt = select(runs.c.run_id, runs.c.finished_at).where(
+    stmt = select(runs.c.run_id, runs.c.finished_at, runs.c.tenant_id).where(
         runs.c.finished_at.is_not(None),
         runs.c.finished_at < finished_before,
         runs.c.status.in_(_TERMINAL),
@@ -96,10 +114,10 @@ async def pick_finished_runs(
     rows = (await conn.execute(stmt)).all()
     if not rows:
         return [], None
-    return [r[0] for r in rows], RunsPosition(rows[-1][1], rows[-1][0])
+    return [(r[2], r[0]) for r in rows], RunsPosition(rows[-1][1], rows[-1][0])
 
 
-async def compact_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> dict[str, int]:
+async def compact_runs(conn: AsyncConnection, run_keys: Sequence[RunKey]) -> dict[str, int]:
     """Clear the payloads of these (terminal) runs; rows and states stay.
 
     Cleared: run input (to JSON ``null``) and output, step outputs, event data, signal and
@@ -110,18 +128,18 @@ async def compact_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> d
     Returns:
         Rows changed per table.
     """
-    ids = list(run_ids)
+    keys = list(run_keys)
     compacted = await conn.execute(
         update(runs)
         .where(
-            runs.c.run_id.in_(ids),
+            _of(runs, keys),
             runs.c.status.in_(_TERMINAL),
             runs.c.compacted_at.is_(None),
         )
         .values(input="null", output=None, compacted_at=now_expr(conn.dialect.name))
-        .returning(runs.c.run_id)
+        .returning(runs.c.tenant_id, runs.c.run_id)
     )
-    done = [r[0] for r in compacted.all()]
+    done: list[RunKey] = [(r[0], r[1]) for r in compacted.all()]
     if not done:
         return {
             "runs": 0,
@@ -139,17 +157,15 @@ async def compact_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> d
         ("approval_decisions", approval_decisions, approval_decisions.c.payload),
     ):
         result = await conn.execute(
-            update(table)
-            .where(table.c.run_id.in_(done), column.is_not(None))
-            .values({column.name: None})
+            update(table).where(_of(table, done), column.is_not(None)).values({column.name: None})
         )
         counts[name] = result.rowcount
-    logs = await conn.execute(delete(run_logs).where(run_logs.c.run_id.in_(done)))
+    logs = await conn.execute(delete(run_logs).where(_of(run_logs, done)))
     counts["run_logs"] = logs.rowcount
     return counts
 
 
-async def archive_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> dict[str, int]:
+async def archive_runs(conn: AsyncConnection, run_keys: Sequence[RunKey]) -> dict[str, int]:
     """Move these (terminal) runs to ``runs_archive``; drop everything hanging off them.
 
     Dropped: steps, events, signals, approval decisions, dead letters and ``ctx.logger``
@@ -159,21 +175,28 @@ async def archive_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> d
     Returns:
         Rows moved or deleted per table (``runs`` = runs archived).
     """
-    ids = list(run_ids)
+    keys = list(run_keys)
     columns = [c.name for c in runs_archive.c if c.name != "archived_at"]
     source = select(
         *(runs.c[name] for name in columns), now_expr(conn.dialect.name).label("archived_at")
-    ).where(runs.c.run_id.in_(ids), runs.c.status.in_(_TERMINAL))
+    ).where(_of(runs, keys), runs.c.status.in_(_TERMINAL))
     await conn.execute(insert(runs_archive).from_select([*columns, "archived_at"], source))
+    # Driven from runs (its key is run_id) into the archive's (tenant_id, run_id) key: the
+    # archive is looked up with its tenant, as its tenant-leading key needs (revision 0026).
     moved = (
         await conn.execute(
-            select(runs_archive.c.run_id).where(
-                runs_archive.c.run_id.in_(ids),
-                exists().where(runs.c.run_id == runs_archive.c.run_id),
+            select(runs.c.tenant_id, runs.c.run_id)
+            .join(
+                runs_archive,
+                and_(
+                    runs_archive.c.tenant_id == runs.c.tenant_id,
+                    runs_archive.c.run_id == runs.c.run_id,
+                ),
             )
+            .where(_of(runs, keys))
         )
     ).all()
-    done = [r[0] for r in moved]
+    done: list[RunKey] = [(r[0], r[1]) for r in moved]
     counts: dict[str, int] = {"runs": 0}  # filled last; first in the report
     for name, table in (
         ("steps", steps),
@@ -183,9 +206,9 @@ async def archive_runs(conn: AsyncConnection, run_ids: Sequence[uuid.UUID]) -> d
         ("dead_letters", dead_letters),
         ("run_logs", run_logs),
     ):
-        result = await conn.execute(delete(table).where(table.c.run_id.in_(done)))
+        result = await conn.execute(delete(table).where(_of(table, done)))
         counts[name] = result.rowcount
-    counts["runs"] = (await conn.execute(delete(runs).where(runs.c.run_id.in_(done)))).rowcount
+    counts["runs"] = (await conn.execute(delete(runs).where(_of(runs, done)))).rowcount
     return counts
 
 
@@ -202,8 +225,8 @@ async def trim_events(
         Rows deleted and the last event id examined (None when the walk is over).
     """
     stmt = (
-        select(events.c.event_id)
-        .join(runs, runs.c.run_id == events.c.run_id)
+        select(events.c.tenant_id, events.c.event_id)
+        .join(runs, and_(runs.c.tenant_id == events.c.tenant_id, runs.c.run_id == events.c.run_id))
         .where(events.c.at < before, runs.c.status.in_(_TERMINAL), _parent_finished())
         .order_by(events.c.event_id)
         .limit(limit)
@@ -212,10 +235,13 @@ async def trim_events(
         stmt = stmt.where(events.c.event_id > after_event_id)
     if _is_postgresql(conn):
         stmt = stmt.with_for_update(of=events, skip_locked=True)
-    ids = [int(r[0]) for r in (await conn.execute(stmt)).all()]
-    if not ids:
+    picked = (await conn.execute(stmt)).all()
+    if not picked:
         return 0, None
-    deleted = (await conn.execute(delete(events).where(events.c.event_id.in_(ids)))).rowcount
+    ids = [int(r[1]) for r in picked]
+    # Keyed like a batch of runs (the module docstring): the picked rows' tenants and ids.
+    keyed = and_(events.c.tenant_id.in_(sorted({r[0] for r in picked})), events.c.event_id.in_(ids))
+    deleted = (await conn.execute(delete(events).where(keyed))).rowcount
     return deleted, ids[-1]
 
 
@@ -230,8 +256,14 @@ async def trim_dead_letters(
         Rows deleted and the last dead-letter id examined (None when the walk is over).
     """
     stmt = (
-        select(dead_letters.c.dead_letter_id)
-        .join(runs, runs.c.run_id == dead_letters.c.run_id)
+        select(dead_letters.c.tenant_id, dead_letters.c.dead_letter_id)
+        .join(
+            runs,
+            and_(
+                runs.c.tenant_id == dead_letters.c.tenant_id,
+                runs.c.run_id == dead_letters.c.run_id,
+            ),
+        )
         .where(dead_letters.c.created_at < before, runs.c.status.in_(_TERMINAL), _parent_finished())
         .order_by(dead_letters.c.dead_letter_id)
         .limit(limit)
@@ -240,10 +272,15 @@ async def trim_dead_letters(
         stmt = stmt.where(dead_letters.c.dead_letter_id > after_id)
     if _is_postgresql(conn):
         stmt = stmt.with_for_update(of=dead_letters, skip_locked=True)
-    ids = [r[0] for r in (await conn.execute(stmt)).all()]
-    if not ids:
+    picked = (await conn.execute(stmt)).all()
+    if not picked:
         return 0, None
-    result = await conn.execute(delete(dead_letters).where(dead_letters.c.dead_letter_id.in_(ids)))
+    ids = [r[1] for r in picked]
+    keyed = and_(
+        dead_letters.c.tenant_id.in_(sorted({r[0] for r in picked})),
+        dead_letters.c.dead_letter_id.in_(ids),
+    )
+    result = await conn.execute(delete(dead_letters).where(keyed))
     return result.rowcount, ids[-1]
 
 
@@ -253,7 +290,7 @@ def _in_range(lower: uuid.UUID, upper: uuid.UUID) -> Any:
 
 async def lock_runs_in_range(
     conn: AsyncConnection, lower: uuid.UUID, upper: uuid.UUID
-) -> list[uuid.UUID] | None:
+) -> list[RunKey] | None:
     """Lock every run whose id is in ``[lower, upper)`` (one time partition's runs).
 
     ``FOR UPDATE SKIP LOCKED``, compared with a count: a run another transaction holds
@@ -261,19 +298,20 @@ async def lock_runs_in_range(
     nothing can revive a run of a partition while it is being dropped.
 
     Returns:
-        The ids (in order), or None when some run of the range is locked elsewhere.
+        Their keys (in run id order), or None when some run of the range is locked
+        elsewhere.
     """
     total = (
         await conn.execute(select(func.count()).select_from(runs).where(_in_range(lower, upper)))
     ).scalar_one()
     locked = await conn.execute(
-        select(runs.c.run_id)
+        select(runs.c.tenant_id, runs.c.run_id)
         .where(_in_range(lower, upper))
         .order_by(runs.c.run_id)
         .with_for_update(skip_locked=True)
     )
-    ids = [r[0] for r in locked.all()]
-    return ids if len(ids) == total else None
+    keys: list[RunKey] = [(r[0], r[1]) for r in locked.all()]
+    return keys if len(keys) == total else None
 
 
 async def range_archivable(

@@ -54,7 +54,7 @@ async def set_label(
     Raises:
         ValueError: the run already has :data:`MAX_LABELS` labels and ``key`` is new.
     """
-    stmt = select(runs.c.labels).where(runs.c.run_id == run_id)
+    stmt = select(runs.c.labels).where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
     if conn.dialect.name == "postgresql":
         stmt = stmt.with_for_update()
     current = decode((await conn.execute(stmt)).scalar_one())
@@ -68,10 +68,14 @@ async def set_label(
     else:
         upsert = sqlite.insert(run_labels).values(row)
     upsert = upsert.on_conflict_do_update(
-        index_elements=["run_id", "key"], set_={"value": upsert.excluded.value}
+        index_elements=["tenant_id", "run_id", "key"], set_={"value": upsert.excluded.value}
     )
     await conn.execute(upsert)
-    await conn.execute(update(runs).where(runs.c.run_id == run_id).values(labels=encode(current)))
+    await conn.execute(
+        update(runs)
+        .where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
+        .values(labels=encode(current))
+    )
     return current
 
 

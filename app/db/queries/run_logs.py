@@ -74,7 +74,9 @@ async def append(
         (
             await conn.execute(
                 select(run_logs.c.origin).where(
-                    run_logs.c.run_id == run_id, run_logs.c.origin.in_(origins)
+                    run_logs.c.tenant_id == tenant_id,
+                    run_logs.c.run_id == run_id,
+                    run_logs.c.origin.in_(origins),
                 )
             )
         ).scalars()
@@ -89,7 +91,9 @@ async def append(
     top = (
         await conn.execute(
             select(func.max(run_logs.c.seq)).where(
-                run_logs.c.run_id == run_id, run_logs.c.seq < DROPPED_SEQ
+                run_logs.c.tenant_id == tenant_id,
+                run_logs.c.run_id == run_id,
+                run_logs.c.seq < DROPPED_SEQ,
             )
         )
     ).scalar_one()
@@ -138,7 +142,9 @@ async def _count_dropped(
     fields = (
         await conn.execute(
             select(run_logs.c.fields).where(
-                run_logs.c.run_id == run_id, run_logs.c.origin == DROPPED_ORIGIN
+                run_logs.c.tenant_id == tenant_id,
+                run_logs.c.run_id == run_id,
+                run_logs.c.origin == DROPPED_ORIGIN,
             )
         )
     ).scalar_one_or_none()
@@ -163,7 +169,11 @@ async def _count_dropped(
     message, data = _summary(total, max_lines)
     await conn.execute(
         update(run_logs)
-        .where(run_logs.c.run_id == run_id, run_logs.c.origin == DROPPED_ORIGIN)
+        .where(
+            run_logs.c.tenant_id == tenant_id,
+            run_logs.c.run_id == run_id,
+            run_logs.c.origin == DROPPED_ORIGIN,
+        )
         .values(message=message, fields=data, at=at)
     )
 

@@ -69,10 +69,17 @@ WAITING_STATUSES = (
 )
 
 
-def _held(run_id: uuid.UUID, fence: int) -> Any:
+def _held(run_id: uuid.UUID, fence: int, tenant_id: str) -> Any:
     # The predicate of every write a lease holder makes: our fence, and a status under
-    # which a worker holds the lease. Zero rows matched means the lease is lost.
-    return and_(runs.c.run_id == run_id, runs.c.fence == fence, runs.c.status.in_(_LEASED))
+    # which a worker holds the lease. Zero rows matched means the lease is lost. The
+    # run's tenant narrows nothing (run ids are globally unique) but routes the statement
+    # to one shard on a database distributed by tenant (docs/adr/0034-tenant-leading-keys.md).
+    return and_(
+        runs.c.tenant_id == tenant_id,
+        runs.c.run_id == run_id,
+        runs.c.fence == fence,
+        runs.c.status.in_(_LEASED),
+    )
 
 
 def _dialect(conn: AsyncConnection) -> str:
@@ -273,6 +280,12 @@ def _lease(dialect: str, worker_id: str, lease_ttl: float) -> dict[str, Any]:
         ),
         "fence": runs.c.fence + 1,
         "attempt": runs.c.attempt + 1,
+        # A lease still owned at claim time expired under a worker that never gave the
+        # run back (killed, crashed, cut off): one more lost claim (ADR 0040).
+        "lost_claims": case(
+            (runs.c.lease_owner.is_not(None), runs.c.lost_claims + 1),
+            else_=runs.c.lost_claims,
+        ),
         "lease_owner": worker_id,
         "lease_expires_at": lease_until,
         "available_at": lease_until,
@@ -538,22 +551,41 @@ async def renew_leases(
     return {row[0]: int(row[1]) for row in rows}
 
 
-async def check_fence(conn: AsyncConnection, run_id: uuid.UUID, fence: int) -> None:
+async def check_fence(
+    conn: AsyncConnection, run_id: uuid.UUID, fence: int, *, tenant_id: str
+) -> None:
     """Lock the run row if (and only if) ``fence`` is still current.
 
     Every checkpoint transaction starts with this: the row lock orders it against a
     concurrent claim or cancel, so a checkpoint either commits before the fence moves or
-    sees the new fence and writes nothing.
+    sees the new fence and writes nothing. ``tenant_id`` is the claimed run's: it keys
+    the statement to the run's tenant (docs/adr/0034-tenant-leading-keys.md), so a wrong
+    tenant matches nothing.
 
     Raises:
         LeaseLost: the fence moved (claimed elsewhere, cancelled, or lease expired and
-            taken over).
+            taken over), or ``tenant_id`` is not the run's.
     """
     result = await conn.execute(
-        _check_fence_stmt(_dialect(conn)), {"b_run_id": run_id, "b_fence": fence}
+        _check_fence_stmt(_dialect(conn)),
+        {"b_tenant_id": tenant_id, "b_run_id": run_id, "b_fence": fence},
     )
     if result.rowcount != 1:
         raise LeaseLost(run_id)
+
+
+async def clear_lost_claims(conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str) -> None:
+    """Reset ``lost_claims`` to 0: the run journaled step progress under this claim.
+
+    Call after :func:`check_fence` in the same transaction (the multi-statement form of a
+    step write; PostgreSQL's single statements reset it themselves). See
+    docs/adr/0040-one-commit-per-step.md.
+    """
+    await conn.execute(
+        update(runs)
+        .where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
+        .values(lost_claims=0)
+    )
 
 
 @functools.cache
@@ -561,6 +593,7 @@ def _check_fence_stmt(dialect: str) -> Any:
     # Once per checkpoint: built once per dialect, since constructing the statement cost
     # more worker CPU than executing it.
     held = and_(
+        runs.c.tenant_id == bindparam("b_tenant_id"),
         runs.c.run_id == bindparam("b_run_id"),
         runs.c.fence == bindparam("b_fence"),
         runs.c.status.in_(_LEASED),
@@ -572,6 +605,7 @@ async def finish_run(
     conn: AsyncConnection,
     *,
     run_id: uuid.UUID,
+    tenant_id: str,
     fence: int,
     status: RunStatus,
     reason: str,
@@ -587,7 +621,7 @@ async def finish_run(
     now = now_expr(dialect)
     stmt = (
         update(runs)
-        .where(_held(run_id, fence))
+        .where(_held(run_id, fence, tenant_id))
         .values(
             status=status.value,
             reason=reason,
@@ -609,6 +643,7 @@ async def release_run(
     conn: AsyncConnection,
     *,
     run_id: uuid.UUID,
+    tenant_id: str,
     fence: int,
     status: RunStatus,
     delay: float | None,
@@ -625,7 +660,7 @@ async def release_run(
     available = None if delay is None else now_plus(dialect, max(delay, 0.0))
     stmt = (
         update(runs)
-        .where(_held(run_id, fence))
+        .where(_held(run_id, fence, tenant_id))
         .values(
             # A draining worker gives back a cancelling run as cancelling, not queued.
             status=case(
@@ -673,13 +708,14 @@ async def request_cancel(conn: AsyncConnection, *, run_id: uuid.UUID, due: bool 
     )
 
 
-async def make_due(conn: AsyncConnection, *, run_id: uuid.UUID) -> bool:
+async def make_due(conn: AsyncConnection, *, run_id: uuid.UUID, tenant_id: str) -> bool:
     """Make a waiting run claimable now (a signal or decision arrived); True if it was."""
     dialect = _dialect(conn)
     now = now_expr(dialect)
     stmt = (
         update(runs)
         .where(
+            runs.c.tenant_id == tenant_id,
             runs.c.run_id == run_id,
             runs.c.status.in_([s.value for s in WAITING_STATUSES]),
         )
@@ -688,7 +724,7 @@ async def make_due(conn: AsyncConnection, *, run_id: uuid.UUID) -> bool:
     return (await conn.execute(stmt)).rowcount == 1
 
 
-async def wake_parent(conn: AsyncConnection, *, parent_run_id: uuid.UUID) -> bool:
+async def wake_parent(conn: AsyncConnection, *, parent_run_id: uuid.UUID, tenant_id: str) -> bool:
     """A child run ended: make its parent claimable now if it waits; True if it did.
 
     The parent's row is locked first, whatever its status, as :func:`lock_run` orders a
@@ -698,11 +734,17 @@ async def wake_parent(conn: AsyncConnection, *, parent_run_id: uuid.UUID) -> boo
     that finds the parent still ``running`` takes no lock on PostgreSQL, and the
     release's wake check, reading before this transaction commits, misses the child:
     the parent would wait forever. (SQLite: the write lock already serializes both.)
+    ``tenant_id`` is the child's, which is always its parent's (a child is submitted in
+    its parent's tenant).
     """
     if _dialect(conn) == "postgresql":
-        lock = select(runs.c.run_id).where(runs.c.run_id == parent_run_id).with_for_update()
+        lock = (
+            select(runs.c.run_id)
+            .where(runs.c.tenant_id == tenant_id, runs.c.run_id == parent_run_id)
+            .with_for_update()
+        )
         await conn.execute(lock)
-    return await make_due(conn, run_id=parent_run_id)
+    return await make_due(conn, run_id=parent_run_id, tenant_id=tenant_id)
 
 
 async def make_due_for_resume(conn: AsyncConnection, *, run_id: uuid.UUID) -> bool:
@@ -737,6 +779,7 @@ async def begin_compensation(
     conn: AsyncConnection,
     *,
     run_id: uuid.UUID,
+    tenant_id: str,
     fence: int,
     reason: str,
     error: str | None,
@@ -753,7 +796,7 @@ async def begin_compensation(
     """
     stmt = (
         update(runs)
-        .where(_held(run_id, fence))
+        .where(_held(run_id, fence, tenant_id))
         .values(
             status=RunStatus.COMPENSATING.value,
             reason=reason,
@@ -932,9 +975,11 @@ async def clear_pause(conn: AsyncConnection, *, run_id: uuid.UUID) -> None:
     )
 
 
-async def is_paused(conn: AsyncConnection, run_id: uuid.UUID) -> bool:
+async def is_paused(conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str) -> bool:
     """Whether the run is paused now (the executor's pause point, one primary-key read)."""
-    found = await conn.execute(select(runs.c.paused_at).where(runs.c.run_id == run_id))
+    found = await conn.execute(
+        select(runs.c.paused_at).where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id)
+    )
     return found.scalar_one_or_none() is not None
 
 

@@ -38,12 +38,13 @@ async def insert_signal(
 
 
 async def oldest_unconsumed(
-    conn: AsyncConnection, run_id: uuid.UUID, name: str
+    conn: AsyncConnection, run_id: uuid.UUID, name: str, *, tenant_id: str
 ) -> RowMapping | None:
-    """The oldest buffered, unconsumed signal of this name for the run."""
+    """The oldest buffered, unconsumed signal of this name for the tenant's run."""
     stmt = (
         select(signals)
         .where(
+            signals.c.tenant_id == tenant_id,
             signals.c.run_id == run_id,
             signals.c.name == name,
             signals.c.consumed_step_id.is_(None),
@@ -54,11 +55,18 @@ async def oldest_unconsumed(
     return (await conn.execute(stmt)).mappings().first()
 
 
-async def consume(conn: AsyncConnection, signal_id: int, step_id: str) -> bool:
-    """Mark a signal consumed by ``step_id``; False if something else consumed it first."""
+async def consume(conn: AsyncConnection, signal_id: int, step_id: str, *, tenant_id: str) -> bool:
+    """Mark a signal consumed by ``step_id``; False if something else consumed it first.
+
+    ``tenant_id`` is the consuming run's (the signal's own): it keys the statement to it.
+    """
     result = await conn.execute(
         update(signals)
-        .where(signals.c.signal_id == signal_id, signals.c.consumed_step_id.is_(None))
+        .where(
+            signals.c.tenant_id == tenant_id,
+            signals.c.signal_id == signal_id,
+            signals.c.consumed_step_id.is_(None),
+        )
         .values(consumed_step_id=step_id, consumed_at=now_expr(conn.dialect.name))
     )
     return result.rowcount == 1
@@ -70,9 +78,11 @@ async def list_for_run(conn: AsyncConnection, run_id: uuid.UUID) -> Sequence[Row
     return (await conn.execute(stmt)).mappings().all()
 
 
-async def count_buffered(conn: AsyncConnection, run_id: uuid.UUID) -> int:
-    """Signals sent to a run and not yet consumed (the buffered-signals ceiling)."""
+async def count_buffered(conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str) -> int:
+    """Signals sent to a tenant's run and not yet consumed (the buffered-signals ceiling)."""
     stmt = select(func.count()).where(
-        signals.c.run_id == run_id, signals.c.consumed_step_id.is_(None)
+        signals.c.tenant_id == tenant_id,
+        signals.c.run_id == run_id,
+        signals.c.consumed_step_id.is_(None),
     )
     return int((await conn.execute(stmt)).scalar_one())

@@ -106,8 +106,10 @@ async def oldest_waiter(
     return (await conn.execute(stmt)).mappings().first()
 
 
-async def grant_slot(conn: AsyncConnection, *, run_id: uuid.UUID, slot: int) -> bool:
-    """Give a waiting run ``slot`` and make it claimable.
+async def grant_slot(
+    conn: AsyncConnection, *, run_id: uuid.UUID, tenant_id: str, slot: int
+) -> bool:
+    """Give a waiting run of ``tenant_id`` ``slot`` and make it claimable.
 
     ``available_at`` becomes now, or the start time it asked for (``not_before``) if that
     is later; ``blocked_reason`` is cleared. The status is kept (``queued``, or
@@ -119,7 +121,7 @@ async def grant_slot(conn: AsyncConnection, *, run_id: uuid.UUID, slot: int) -> 
     now = now_expr(conn.dialect.name)
     stmt = (
         update(runs)
-        .where(runs.c.run_id == run_id, _waiting())
+        .where(runs.c.tenant_id == tenant_id, runs.c.run_id == run_id, _waiting())
         .values(
             concurrency_slot=slot,
             available_at=case(

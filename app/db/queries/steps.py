@@ -1,4 +1,10 @@
-"""Queries on ``steps``, the journal keyed by ``(run_id, step_id)``."""
+"""Queries on ``steps``, the journal keyed by ``(run_id, step_id)``.
+
+Every statement on one run's journal names the run's tenant too (``tenant_id``, the
+claimed or looked-up run's): it narrows nothing, run ids being globally unique, but it
+routes the statement to one shard once ``steps`` is distributed by tenant
+(docs/adr/0034-tenant-leading-keys.md, "Queries keyed by tenant").
+"""
 
 from __future__ import annotations
 
@@ -28,11 +34,18 @@ from app.core import json
 from app.core.status import RunReason, StepStatus
 from app.db.dialect import now_expr, now_plus
 from app.db.tables import steps
+from app.db.types import UtcDateTime
 
 
-async def load_journal(conn: AsyncConnection, run_id: uuid.UUID) -> Sequence[RowMapping]:
-    """Return every journaled step of a run in call order (``seq``)."""
-    result = await conn.execute(select(steps).where(steps.c.run_id == run_id).order_by(steps.c.seq))
+async def load_journal(
+    conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str
+) -> Sequence[RowMapping]:
+    """Return every journaled step of a tenant's run in call order (``seq``)."""
+    result = await conn.execute(
+        select(steps)
+        .where(steps.c.tenant_id == tenant_id, steps.c.run_id == run_id)
+        .order_by(steps.c.seq)
+    )
     return result.mappings().all()
 
 
@@ -49,45 +62,54 @@ async def start_attempt(
     max_attempts: int,
     fence: int,
     detail: str | None = None,
+    started_at: datetime | None = None,
 ) -> None:
-    """Record that attempt ``attempt`` of a step starts now (insert or update).
+    """Record that attempt ``attempt`` of a step starts (insert or update).
 
     ``detail`` (JSON text) marks e.g. a step that registers a compensation.
+    ``started_at`` (aware UTC) is when the attempt began, for an attempt journaled only
+    once it finished (docs/adr/0040-one-commit-per-step.md); None means now (the
+    database clock).
 
     Call after :func:`app.db.queries.runs.check_fence` in the same transaction.
     """
-    await conn.execute(
-        _start_attempt_stmt(conn.dialect.name),
-        {
-            "run_id": run_id,
-            "tenant_id": tenant_id,
-            "step_id": step_id,
-            "seq": seq,
-            "kind": kind,
-            "name": name,
-            "status": StepStatus.RUNNING.value,
-            "attempt": attempt,
-            "max_attempts": max_attempts,
-            "fence": fence,
-            "next_attempt_at": None,
-            "detail": detail,
-        },
-    )
+    params: dict[str, Any] = {
+        "run_id": run_id,
+        "tenant_id": tenant_id,
+        "step_id": step_id,
+        "seq": seq,
+        "kind": kind,
+        "name": name,
+        "status": StepStatus.RUNNING.value,
+        "attempt": attempt,
+        "max_attempts": max_attempts,
+        "fence": fence,
+        "next_attempt_at": None,
+        "detail": detail,
+    }
+    if started_at is not None:
+        params["b_started_at"] = started_at  # an INSERT refuses a parameter it does not consume
+    await conn.execute(_start_attempt_stmt(conn.dialect.name, started_at is not None), params)
 
 
 @functools.cache
-def _start_attempt_stmt(dialect: str) -> Any:
+def _start_attempt_stmt(dialect: str, started_given: bool) -> Any:
     # Built once per dialect: constructing the upsert (its ``excluded`` alias above all)
     # cost more worker CPU than executing it. Values arrive as execute() parameters.
     now = now_expr(dialect)
+    started: Any = bindparam("b_started_at", type_=UtcDateTime()) if started_given else now
+    if started_given and dialect == "postgresql":
+        # A worker's estimate, written late (a deferred start record, PostgreSQL only):
+        # never after this transaction's clock, as the one-statement checkpoints cap it.
+        started = func.least(started, now)
     ins: Any = (postgresql if dialect == "postgresql" else sqlite).insert(steps)
-    ins = ins.values(created_at=now, started_at=now)
+    ins = ins.values(created_at=now, started_at=started)
     return ins.on_conflict_do_update(
-        index_elements=["run_id", "step_id"],
+        index_elements=["tenant_id", "run_id", "step_id"],
         set_={
             "status": ins.excluded.status,
             "attempt": ins.excluded.attempt,
-            "started_at": now,
+            "started_at": started,
             # An attempt in flight has not finished: an earlier attempt's finish time
             # (a failure requeued from its dead letter, a rerun) must not outlive it.
             "finished_at": None,
@@ -103,6 +125,7 @@ async def finish_attempt(
     conn: AsyncConnection,
     *,
     run_id: uuid.UUID,
+    tenant_id: str,
     step_id: str,
     status: StepStatus,
     output: str | None,
@@ -119,6 +142,7 @@ async def finish_attempt(
         await conn.execute(
             _finish_attempt_stmt(dialect),
             {
+                "b_tenant_id": tenant_id,
                 "b_run_id": run_id,
                 "b_step_id": step_id,
                 "status": status.value,
@@ -138,7 +162,14 @@ async def finish_attempt(
         "next_attempt_at": None if retry_in is None else now_plus(dialect, retry_in),
     }
     await conn.execute(
-        update(steps).where(steps.c.run_id == run_id, steps.c.step_id == step_id).values(values)
+        update(steps)
+        .where(
+            steps.c.tenant_id == tenant_id,
+            steps.c.tenant_id == tenant_id,
+            steps.c.run_id == run_id,
+            steps.c.step_id == step_id,
+        )
+        .values(values)
     )
 
 
@@ -147,16 +178,24 @@ def _finish_attempt_stmt(dialect: str) -> Any:
     # The common case (a final outcome), built once per dialect like the start upsert.
     return (
         update(steps)
-        .where(steps.c.run_id == bindparam("b_run_id"), steps.c.step_id == bindparam("b_step_id"))
+        .where(
+            steps.c.tenant_id == bindparam("b_tenant_id"),
+            steps.c.run_id == bindparam("b_run_id"),
+            steps.c.step_id == bindparam("b_step_id"),
+        )
         .values(finished_at=now_expr(dialect), next_attempt_at=None)
     )
 
 
-async def reset_interrupted(conn: AsyncConnection, run_id: uuid.UUID) -> None:
+async def reset_interrupted(conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str) -> None:
     """Mark attempts interrupted by a graceful release as not started (not counted)."""
     await conn.execute(
         update(steps)
-        .where(steps.c.run_id == run_id, steps.c.status == StepStatus.RUNNING.value)
+        .where(
+            steps.c.tenant_id == tenant_id,
+            steps.c.run_id == run_id,
+            steps.c.status == StepStatus.RUNNING.value,
+        )
         .values(status=StepStatus.PENDING.value, attempt=steps.c.attempt - 1)
     )
 
@@ -166,6 +205,8 @@ async def cancel_running(
     run_id: uuid.UUID,
     reason: RunReason = RunReason.CANCELED_BY_REQUEST,
     message: str | None = None,
+    *,
+    tenant_id: str,
 ) -> None:
     """Mark the run's in-flight and waiting steps ``cancelled`` (the run ended).
 
@@ -178,6 +219,7 @@ async def cancel_running(
         message: what happened, recorded with any other reason in the step's ``error``
             (``{"type": "Cancelled", "message", "reason"}``, plus ``last_error``: the
             error of the attempt before, e.g. of a step waiting to retry).
+        tenant_id: the run's tenant (keys every statement to it).
     """
     unfinished = steps.c.status.in_(
         [StepStatus.RUNNING.value, StepStatus.RETRY_WAIT.value, StepStatus.WAITING.value]
@@ -186,14 +228,16 @@ async def cancel_running(
     if reason == RunReason.CANCELED_BY_REQUEST:
         await conn.execute(
             update(steps)
-            .where(steps.c.run_id == run_id, unfinished)
+            .where(steps.c.tenant_id == tenant_id, steps.c.run_id == run_id, unfinished)
             .values(status=StepStatus.CANCELLED.value, finished_at=now)
         )
         return
     # A few rows (the run's unfinished branches): each keeps its own last error.
     rows = (
         await conn.execute(
-            select(steps.c.step_id, steps.c.error).where(steps.c.run_id == run_id, unfinished)
+            select(steps.c.step_id, steps.c.error).where(
+                steps.c.tenant_id == tenant_id, steps.c.run_id == run_id, unfinished
+            )
         )
     ).all()
     for step_id, previous in rows:
@@ -206,7 +250,9 @@ async def cancel_running(
             error["last_error"] = json.loads(previous)
         await conn.execute(
             update(steps)
-            .where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+            .where(
+                steps.c.tenant_id == tenant_id, steps.c.run_id == run_id, steps.c.step_id == step_id
+            )
             .values(status=StepStatus.CANCELLED.value, finished_at=now, error=json.dumps(error))
         )
 
@@ -283,7 +329,9 @@ async def list_steps(
     ``status`` and ``reason`` filter (see :func:`step_reason`); the keyset stays ``seq``,
     so pages are stable while the run adds steps (new steps get higher ``seq``).
     """
-    stmt = select(steps).where(steps.c.run_id == run_id, steps.c.tenant_id == tenant_id)
+    stmt = select(steps).where(
+        steps.c.tenant_id == tenant_id, steps.c.run_id == run_id, steps.c.tenant_id == tenant_id
+    )
     if status is not None:
         stmt = stmt.where(steps.c.status == status.value)
     if reason is not None:
@@ -300,7 +348,11 @@ async def count_by_status(
     rows = (
         await conn.execute(
             select(steps.c.status, func.count())
-            .where(steps.c.run_id == run_id, steps.c.tenant_id == tenant_id)
+            .where(
+                steps.c.tenant_id == tenant_id,
+                steps.c.run_id == run_id,
+                steps.c.tenant_id == tenant_id,
+            )
             .group_by(steps.c.status)
         )
     ).all()
@@ -351,21 +403,22 @@ async def insert_step(
 
 
 async def set_status(
-    conn: AsyncConnection, *, run_id: uuid.UUID, step_id: str, status: StepStatus
+    conn: AsyncConnection, *, run_id: uuid.UUID, tenant_id: str, step_id: str, status: StepStatus
 ) -> None:
     """Set one step's status (the original step of a compensation: compensated/failed)."""
     await conn.execute(
         update(steps)
-        .where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+        .where(steps.c.tenant_id == tenant_id, steps.c.run_id == run_id, steps.c.step_id == step_id)
         .values(status=status.value)
     )
 
 
-async def has_compensations(conn: AsyncConnection, run_id: uuid.UUID) -> bool:
+async def has_compensations(conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str) -> bool:
     """True if a succeeded step of the run registered a compensation."""
     rows = (
         await conn.execute(
             select(steps.c.detail).where(
+                steps.c.tenant_id == tenant_id,
                 steps.c.run_id == run_id,
                 steps.c.status == StepStatus.SUCCEEDED.value,
                 steps.c.detail.is_not(None),
@@ -375,9 +428,11 @@ async def has_compensations(conn: AsyncConnection, run_id: uuid.UUID) -> bool:
     return any("compensate" in (json.loads(d) or {}) for d in rows)
 
 
-async def count_kind(conn: AsyncConnection, run_id: uuid.UUID, kind: str) -> int:
+async def count_kind(conn: AsyncConnection, run_id: uuid.UUID, kind: str, *, tenant_id: str) -> int:
     """Journal entries of one kind in a run (e.g. ``child``: the children ceiling)."""
-    stmt = select(func.count()).where(steps.c.run_id == run_id, steps.c.kind == kind)
+    stmt = select(func.count()).where(
+        steps.c.tenant_id == tenant_id, steps.c.run_id == run_id, steps.c.kind == kind
+    )
     return int((await conn.execute(stmt)).scalar_one())
 
 
@@ -400,17 +455,21 @@ def compensation_began_clause() -> Any:
     return (steps.c.kind == "compensation") | steps.c.status.in_(_UNDONE)
 
 
-async def compensation_began(conn: AsyncConnection, run_id: uuid.UUID) -> bool:
+async def compensation_began(conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str) -> bool:
     """True once any compensation of the run was journaled or any step was undone.
 
     From then on the run's body results no longer stand, so the run may only be undone
     further, never resumed (docs/adr/0009-requeue-into-compensation.md).
     """
-    stmt = select(steps.c.step_id).where(steps.c.run_id == run_id, compensation_began_clause())
+    stmt = select(steps.c.step_id).where(
+        steps.c.tenant_id == tenant_id, steps.c.run_id == run_id, compensation_began_clause()
+    )
     return (await conn.execute(stmt.limit(1))).first() is not None
 
 
-async def reopen_failed_compensations(conn: AsyncConnection, run_id: uuid.UUID) -> int:
+async def reopen_failed_compensations(
+    conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str
+) -> int:
     """Start the run's failed (timed-out, cancelled) compensations over; returns how many.
 
     Only those: compensations that succeeded stay done, and body steps are not touched
@@ -419,6 +478,7 @@ async def reopen_failed_compensations(conn: AsyncConnection, run_id: uuid.UUID) 
     result = await conn.execute(
         update(steps)
         .where(
+            steps.c.tenant_id == tenant_id,
             steps.c.run_id == run_id,
             steps.c.kind == "compensation",
             steps.c.status.in_(_ENDED_UNSUCCESSFULLY),
@@ -433,7 +493,9 @@ async def reopen_failed_compensations(conn: AsyncConnection, run_id: uuid.UUID) 
     return int(result.rowcount or 0)
 
 
-async def reopen_failed_body_steps(conn: AsyncConnection, run_id: uuid.UUID) -> list[uuid.UUID]:
+async def reopen_failed_body_steps(
+    conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str
+) -> list[uuid.UUID]:
     """Start a requeued run's failed work over, from its failed point.
 
     Failed, timed-out and cancelled steps and transactions go back to ``pending`` with
@@ -450,6 +512,7 @@ async def reopen_failed_body_steps(conn: AsyncConnection, run_id: uuid.UUID) -> 
     await conn.execute(
         update(steps)
         .where(
+            steps.c.tenant_id == tenant_id,
             steps.c.run_id == run_id,
             steps.c.kind.in_(["step", "transaction"]),
             steps.c.status.in_(_ENDED_UNSUCCESSFULLY),
@@ -459,6 +522,7 @@ async def reopen_failed_body_steps(conn: AsyncConnection, run_id: uuid.UUID) -> 
     waits = (
         await conn.execute(
             select(steps.c.step_id, steps.c.detail).where(
+                steps.c.tenant_id == tenant_id,
                 steps.c.run_id == run_id,
                 steps.c.kind.in_(["signal", "approval"]),
                 steps.c.status == StepStatus.TIMED_OUT.value,
@@ -469,7 +533,9 @@ async def reopen_failed_body_steps(conn: AsyncConnection, run_id: uuid.UUID) -> 
         timeout = (json.loads(detail) or {}).get("timeout")
         await conn.execute(
             update(steps)
-            .where(steps.c.run_id == run_id, steps.c.step_id == step_id)
+            .where(
+                steps.c.tenant_id == tenant_id, steps.c.run_id == run_id, steps.c.step_id == step_id
+            )
             .values(
                 status=StepStatus.WAITING.value,
                 deadline=None if timeout is None else now_plus(dialect, float(timeout)),
@@ -481,6 +547,7 @@ async def reopen_failed_body_steps(conn: AsyncConnection, run_id: uuid.UUID) -> 
         await conn.execute(
             update(steps)
             .where(
+                steps.c.tenant_id == tenant_id,
                 steps.c.run_id == run_id,
                 steps.c.kind == "child",
                 steps.c.status.in_(_ENDED_UNSUCCESSFULLY),
@@ -497,11 +564,15 @@ async def reopen_failed_body_steps(conn: AsyncConnection, run_id: uuid.UUID) -> 
     return found
 
 
-async def retry_backoffs_now(conn: AsyncConnection, run_id: uuid.UUID) -> None:
+async def retry_backoffs_now(conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str) -> None:
     """Steps waiting out a retry backoff (compensations too) try again now (resume)."""
     await conn.execute(
         update(steps)
-        .where(steps.c.run_id == run_id, steps.c.status == StepStatus.RETRY_WAIT.value)
+        .where(
+            steps.c.tenant_id == tenant_id,
+            steps.c.run_id == run_id,
+            steps.c.status == StepStatus.RETRY_WAIT.value,
+        )
         .values(next_attempt_at=now_expr(conn.dialect.name))
     )
 
@@ -546,7 +617,7 @@ async def copy_journal_prefix(
         literal(tenant_id, type_=steps.c.tenant_id.type).label("tenant_id"),
         *[src.c[c] for c in cols],
         literal(0, type_=steps.c.fence.type).label("fence"),
-    ).where(src.c.run_id == source_run_id, src.c.seq < before_seq)
+    ).where(src.c.tenant_id == tenant_id, src.c.run_id == source_run_id, src.c.seq < before_seq)
     result = await conn.execute(
         insert(steps).from_select(["run_id", "tenant_id", *cols, "fence"], picked)
     )

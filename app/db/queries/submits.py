@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 from typing import Any
 
 from sqlalchemy import (
@@ -43,7 +44,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.status import EventKind, RunStatus
 from app.db.dialect import now_expr, now_plus
-from app.db.tables import events, run_labels, runs
+from app.db.tables import events, metadata, run_labels, runs
 
 _RUN_COLUMNS = ", ".join(c.name for c in runs.c)
 
@@ -193,8 +194,10 @@ async def insert_runs(
     ``rows`` are ``runs`` column values (the same keys in every row, ``run_id`` included)
     without the timestamps: ``created_at``/``updated_at`` are the database clock and
     ``available_at`` that plus ``delay`` seconds, as :func:`app.db.queries.runs.insert_run`
-    sets them. SQLAlchemy's "insertmanyvalues" sends them as a few multi-row ``INSERT …
-    RETURNING`` statements.
+    sets them. PostgreSQL: one ``INSERT … SELECT … FROM unnest(…) RETURNING`` statement
+    with one array parameter per column (values sent as given: UUIDs, strings, integers;
+    see ``_unnest_insert``). SQLite: SQLAlchemy's "insertmanyvalues", a few multi-row
+    ``INSERT … RETURNING`` statements.
 
     ``ON CONFLICT (tenant_id, idempotency_key) DO NOTHING``, as
     :func:`app.db.queries.runs.insert_run` for ``POST /runs``: a row whose key the tenant
@@ -210,11 +213,28 @@ async def insert_runs(
     if not rows:
         return []
     dialect = conn.dialect.name
+    if dialect == "postgresql":
+        columns = tuple(rows[0])
+        sql = _unnest_insert(
+            "runs",
+            columns,
+            computed={
+                "created_at": "now()",
+                "updated_at": "now()",
+                "available_at": "now() + $1::interval",
+            },
+            tail=f"ON CONFLICT (tenant_id, idempotency_key) DO NOTHING RETURNING {_RUN_COLUMNS}",
+        )
+        found = await conn.exec_driver_sql(
+            sql, (timedelta(seconds=float(delay or 0.0)), *_arrays(rows, columns))
+        )
+        inserted = {row["run_id"]: row for row in found.mappings()}
+        return [inserted.get(row["run_id"]) for row in rows]
     now = now_expr(dialect)
     start = now_plus(dialect, float(delay)) if delay else now
-    stmt: Any = postgresql.insert(runs) if dialect == "postgresql" else sqlite.insert(runs)
     stmt = (
-        stmt.values(created_at=now, updated_at=now, available_at=start)
+        sqlite.insert(runs)
+        .values(created_at=now, updated_at=now, available_at=start)
         .on_conflict_do_nothing(index_elements=["tenant_id", "idempotency_key"])
         .returning(*runs.c)
     )
@@ -225,16 +245,69 @@ async def insert_runs(
     return [inserted.get(row["run_id"]) for row in rows]
 
 
+# PostgreSQL: one ``INSERT … SELECT … FROM unnest($2::uuid[], $3::text[], …)`` per call,
+# one array parameter per column, sent as given to asyncpg (which encodes arrays in C),
+# through SQLAlchemy's driver-level execute: the same connection, transaction, prepared-
+# statement cache and error wrapping (app/db/faults.py) as every other statement, without
+# the per-row parameter processing of an "insertmanyvalues" INSERT (about half of the
+# batch's INSERT time: docs/benchmarks.md). The statement text depends only on the
+# columns, so it is prepared once per connection. Only columns whose values need no
+# SQLAlchemy bind processing go this way (UUIDs, strings, integers: never UtcDateTime,
+# whose timestamps here are the database clock). docs/adr/0042-batch-insert-on-the-driver.md.
+_UNNEST_SQL: dict[tuple[str, tuple[str, ...]], str] = {}
+_PG_DIALECT = postgresql.dialect()  # type: ignore[no-untyped-call]
+
+
+def _unnest_insert(
+    table: str, columns: tuple[str, ...], *, computed: dict[str, str], tail: str
+) -> str:
+    # ``computed`` columns take SQL expressions (their parameters numbered first, as
+    # the caller passes them); the others one array each, in ``columns`` order.
+    key = (table, columns)
+    sql = _UNNEST_SQL.get(key)
+    if sql is None:
+        c = metadata.tables[table].c
+        first = 1 + sum(expr.count("$") for expr in computed.values())
+        arrays = ", ".join(
+            f"${first + i}::{c[name].type.compile(dialect=_PG_DIALECT)}[]"
+            for i, name in enumerate(columns)
+        )
+        names = ", ".join(columns)
+        sql = (
+            f"INSERT INTO {table} ({names}, {', '.join(computed)}) "
+            f"SELECT {names}, {', '.join(computed.values())} "
+            f"FROM unnest({arrays}) AS item({names}) {tail}"
+        )
+        _UNNEST_SQL[key] = sql
+    return sql
+
+
+def _arrays(rows: Sequence[dict[str, Any]], columns: tuple[str, ...]) -> list[list[Any]]:
+    return [[row[name] for row in rows] for name in columns]
+
+
 async def append_submitted(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:
     """Append ``run_submitted`` events stamped with the database clock, multi-row.
 
     Each row holds ``run_id``, ``tenant_id``, ``actor`` and ``data`` (JSON text).
+    PostgreSQL: one ``unnest`` INSERT, as :func:`insert_runs`.
     """
-    if rows:
-        stmt = insert(events).values(
-            at=now_expr(conn.dialect.name), kind=EventKind.RUN_SUBMITTED.value, step_id=None
+    if not rows:
+        return
+    if conn.dialect.name == "postgresql":
+        columns = ("run_id", "tenant_id", "actor", "data")
+        sql = _unnest_insert(
+            "events",
+            columns,
+            computed={"at": "now()", "kind": "$1", "step_id": "NULL"},
+            tail="",
         )
-        await conn.execute(stmt, list(rows))
+        await conn.exec_driver_sql(sql, (EventKind.RUN_SUBMITTED.value, *_arrays(rows, columns)))
+        return
+    stmt = insert(events).values(
+        at=now_expr(conn.dialect.name), kind=EventKind.RUN_SUBMITTED.value, step_id=None
+    )
+    await conn.execute(stmt, list(rows))
 
 
 async def insert_labels_many(conn: AsyncConnection, rows: Sequence[dict[str, Any]]) -> None:

@@ -141,8 +141,8 @@ def _matches_run() -> list[object]:
     ]
 
 
-async def record_terminal(conn: AsyncConnection, run_id: uuid.UUID) -> int:
-    """After ``run_id`` became terminal in this transaction: one pending delivery per match.
+async def record_terminal(conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str) -> int:
+    """After a run of ``tenant_id`` became terminal in this transaction: one delivery a match.
 
     An endpoint matches when it is of the run's tenant, lists the run's terminal status,
     and has no workflow filter or the run's workflow. Each delivery is due at once.
@@ -160,7 +160,11 @@ async def record_terminal(conn: AsyncConnection, run_id: uuid.UUID) -> int:
                 runs.c.status,
                 runs.c.reason,
                 runs.c.finished_at,
-            ).where(runs.c.run_id == run_id, *_matches_run())  # type: ignore[arg-type]
+            ).where(
+                runs.c.tenant_id == tenant_id,
+                runs.c.run_id == run_id,
+                *_matches_run(),  # type: ignore[arg-type]
+            )
         )
     ).all()
     if not found:

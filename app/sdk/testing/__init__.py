@@ -28,6 +28,19 @@ time. :meth:`WorkflowTestEnv.result` additionally skips the clock from timer to 
 the run finishes, as Temporal's time-skipping test server does.
 """
 
+# The domain errors the kit's actions raise (their docstrings' ``Raises:``), importable
+# from here so a test needs one import (docs/authoring.md, "Testing workflows").
+from app.core.errors import (
+    Forbidden,
+    IdempotencyConflict,
+    InvalidInput,
+    InvalidState,
+    RunFinished,
+    RunNotFound,
+    StepNotFound,
+    TreadleError,
+    WorkflowNotFound,
+)
 from app.core.status import RunStatus, StepStatus
 from app.sdk.testing.clock import VirtualClock
 from app.sdk.testing.env import (
@@ -45,14 +58,23 @@ from app.sdk.testing.env import (
 __all__ = [
     "EmitSnapshot",
     "EventSnapshot",
+    "Forbidden",
+    "IdempotencyConflict",
+    "InvalidInput",
+    "InvalidState",
     "LogSnapshot",
     "RunBlocked",
+    "RunFinished",
     "RunHandle",
     "RunNotCompleted",
+    "RunNotFound",
     "RunSnapshot",
     "RunStatus",
+    "StepNotFound",
     "StepSnapshot",
     "StepStatus",
+    "TreadleError",
     "VirtualClock",
+    "WorkflowNotFound",
     "WorkflowTestEnv",
 ]

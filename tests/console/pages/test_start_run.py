@@ -208,6 +208,9 @@ def test_start_form_json_fields_versions_and_errors(console: Stack, browser: Bro
     bad = browser.post("/ui/workflows/console-empty/start", {"input_json": '{"a": <script>'})
     assert bad.status_code == 422 and "The input is not valid JSON (line 1" in bad.text
     assert "<script>" not in bad.text and "&#34;a&#34;: &lt;script&gt;</textarea>" in bad.text
+    for text in ('{"x": 1, "x": 2}', '["a", "\\ud800"]', "[" * 3000 + "]" * 3000):
+        refused = browser.post("/ui/workflows/console-empty/start", {"input_json": text})
+        assert refused.status_code == 422 and "nothing was submitted" in refused.text, text[:20]
     assert _runs(console, "console-empty") == []
     run_id = _run_id(browser.post("/ui/workflows/console-empty/start", {"input_json": " {} "}))
     assert [r["run_id"] for r in _runs(console, "console-empty")] == [run_id]
