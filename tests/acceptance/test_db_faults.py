@@ -27,7 +27,7 @@ from app.db.database import Database
 from app.engine.registry import Registry
 from tests.acceptance.conftest import WORKER_READY, Stack, token
 from tests.conftest import DEV_SECRET
-from tests.helpers import TcpForwarder, wait_for, wait_for_sync
+from tests.helpers import Deadlock, TcpForwarder, wait_for, wait_for_sync
 
 PG_ONLY = pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 AUTH = {"Authorization": f"Bearer {token()}"}
@@ -290,7 +290,6 @@ async def test_a_deadlock_past_the_retries_is_503_not_500(
     """
     api = start_api({"TREADLE_DB_RETRY_ATTEMPTS": "1"})
     api.start_worker()
-    other = await asyncpg.connect(dsn(database_url))
     async with httpx.AsyncClient(base_url=api.url, headers=AUTH, timeout=60) as client:
         created = await client.post(
             "/runs", json={"workflow": "acc-approve", "input": {"name": "deadlock"}}
@@ -302,24 +301,18 @@ async def test_a_deadlock_past_the_retries_is_503_not_500(
             return bool(body["status"] == "waiting_approval")
 
         await wait_for(waiting, timeout=60, what="run waiting for its approval")
-        try:
-            await other.execute("SET deadlock_timeout = '60s'")  # the API's cancel is the victim
-            tx = other.transaction()
-            await tx.start()
-            # The cancel locks the run row, then the waiting step's row: take them reversed.
-            await other.execute(
-                "SELECT 1 FROM steps WHERE run_id = $1 FOR UPDATE", uuid.UUID(run_id)
+        # The cancel locks the run row, then the waiting step's row; the API's cancel is
+        # made the victim (tests.helpers.Deadlock says how).
+        async with Deadlock(dsn(database_url)) as cycle:
+            await cycle.hold(
+                "SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE",
+                "SELECT 1 FROM steps WHERE run_id = $1 FOR UPDATE",
+                uuid.UUID(run_id),
             )
             cancel = asyncio.create_task(
                 client.post(f"/runs/{run_id}/cancel", json={"reason": "test"})
             )
-            await blocked(other, 1)
-            await other.execute(
-                "SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", uuid.UUID(run_id)
-            )
-            await tx.commit()
-        finally:
-            await other.close()
+            await cycle.close("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", uuid.UUID(run_id))
         assert_503(await cancel, "database_conflict")
         assert (await client.get(f"/runs/{run_id}")).json()["status"] == "waiting_approval"
         again = await client.post(f"/runs/{run_id}/cancel", json={"reason": "test"})
@@ -344,7 +337,7 @@ BEGIN
 END $$;
 CREATE TRIGGER fault_on_runs BEFORE INSERT ON runs
   FOR EACH ROW EXECUTE FUNCTION fault_switched();
-CREATE TRIGGER fault_on_steps BEFORE UPDATE ON steps
+CREATE TRIGGER fault_on_steps BEFORE INSERT OR UPDATE ON steps
   FOR EACH ROW EXECUTE FUNCTION fault_switched();
 DO $$ BEGIN
   EXECUTE format('ALTER DATABASE %I SET lock_timeout = ''500ms''', current_database());
@@ -457,7 +450,10 @@ async def test_a_worker_checkpoint_meeting_disk_full_gives_the_run_back(
                 lambda: any(shared.glob(f"{name}.started.*")), timeout=30, what="step started"
             )
             await observer.execute("INSERT INTO fault_switch VALUES ('53100')")
-            (shared / f"{name}.release").touch()  # the step returns; its checkpoint fails
+            # The step returns; its checkpoint fails: the UPDATE of its start record, or,
+            # for an attempt quicker than TREADLE_STEP_START_RECORD_AFTER_SECONDS, the
+            # INSERT of start and result in one (docs/adr/0040-one-commit-per-step.md).
+            (shared / f"{name}.release").touch()
             wait_for_sync(
                 lambda: '"fault": "insufficient_resources"' in worker_log.read_text(),
                 timeout=30,

@@ -36,7 +36,7 @@ from app.engine.registry import Registry
 from app.sdk import RetryPolicy, WorkflowContext, workflow
 from app.worker.worker import Worker
 from tests.conftest import PG_SERVER, make_settings
-from tests.helpers import TcpForwarder, wait_for
+from tests.helpers import Deadlock, TcpForwarder, wait_for
 from tests.integration import support
 
 TENANT = "faults"
@@ -125,16 +125,6 @@ def retries(fault: DbFault) -> float:
 
 def asyncpg_dsn(database_url: str) -> str:
     return make_url(database_url).set(drivername="postgresql").render_as_string(False)
-
-
-async def lock_waiters(db: Database) -> int:
-    """PostgreSQL: other sessions of this database blocked on a lock right now."""
-    async with db.read() as conn:
-        stmt = text(
-            "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-            "AND wait_event_type = 'Lock' AND pid <> pg_backend_pid()"
-        )
-        return int((await conn.execute(stmt)).scalar_one())
 
 
 async def failure(db: Database, statements: Any, *, write: bool = True) -> Exception:
@@ -236,14 +226,13 @@ async def test_sqlite_lock_is_classified_as_a_conflict(database_url: str, tmp_pa
 async def test_a_real_deadlock_is_retried_and_commits(database_url: str, tmp_path: Path) -> None:
     """Two transactions lock two rows in opposite order; PostgreSQL aborts ours; it re-runs.
 
-    Ours waits first and keeps the default 1 s ``deadlock_timeout``; the other connection
-    sets 60 s, so ours is the one PostgreSQL's deadlock check aborts (SQLSTATE 40P01).
+    :class:`tests.helpers.Deadlock` makes ours the one PostgreSQL's deadlock check aborts
+    (SQLSTATE 40P01), whatever the machine's load.
     """
     db = Database(make_settings(database_url, tmp_path, db_retry_attempts=3))
     async with db.write() as conn:
         await conn.execute(text("CREATE TABLE probe (id int PRIMARY KEY, v int NOT NULL)"))
         await conn.execute(text("INSERT INTO probe VALUES (1, 0), (2, 0)"))
-    other = await asyncpg.connect(asyncpg_dsn(database_url))
     attempts = 0
 
     async def ours(conn: AsyncConnection) -> int:
@@ -254,23 +243,14 @@ async def test_a_real_deadlock_is_retried_and_commits(database_url: str, tmp_pat
         return attempts
 
     before = retries(DbFault.DEADLOCK)
-    try:
-        await other.execute("SET deadlock_timeout = '60s'")
-        tx = other.transaction()
-        await tx.start()
-        await other.execute("UPDATE probe SET v = v + 10 WHERE id = 2")
+    async with Deadlock(asyncpg_dsn(database_url)) as cycle:
+        await cycle.hold(
+            "SELECT 1 FROM probe WHERE id = 1 FOR UPDATE",
+            "UPDATE probe SET v = v + 10 WHERE id = 2",
+        )
         task = asyncio.create_task(db.write_retrying(ours, what="probe"))
-
-        async def ours_waits() -> bool:
-            return await lock_waiters(db) == 1
-
-        await wait_for(ours_waits, timeout=20, what="our transaction blocked on row 2")
-        # Closes the cycle; returns once PostgreSQL aborted ours and freed row 1.
-        await other.execute("UPDATE probe SET v = v + 10 WHERE id = 1")
-        await tx.commit()
+        await cycle.close("UPDATE probe SET v = v + 10 WHERE id = 1")
         assert await asyncio.wait_for(task, 30) == 2
-    finally:
-        await other.close()
     async with db.read() as conn:
         rows = (await conn.execute(text("SELECT id, v FROM probe ORDER BY id"))).all()
     await db.dispose()
@@ -294,24 +274,19 @@ async def test_cancel_deadlocking_with_another_transaction(
     run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-approval", key="c")
     async with support.workers(settings, db, REGISTRY):
         await support.reach(db, TENANT, run_id, "waiting_approval")
-    other = await asyncpg.connect(asyncpg_dsn(database_url))
     before = retries(DbFault.DEADLOCK)
     try:
-        await other.execute("SET deadlock_timeout = '60s'")
-        tx = other.transaction()
-        await tx.start()
-        # The waiting approval's step row first, as the cancel will want it second.
-        await other.execute("SELECT 1 FROM steps WHERE run_id = $1 FOR UPDATE", run_id)
-        cancel = asyncio.create_task(
-            control.cancel(db, tenant_id=TENANT, run_id=run_id, actor="op", reason="test")
-        )
-
-        async def cancel_waits() -> bool:
-            return await lock_waiters(db) == 1
-
-        await wait_for(cancel_waits, timeout=20, what="cancel blocked on the step row")
-        await other.execute("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", run_id)
-        await tx.commit()
+        async with Deadlock(asyncpg_dsn(database_url)) as cycle:
+            # The run row, then the waiting approval's step row, as the cancel takes them.
+            await cycle.hold(
+                "SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE",
+                "SELECT 1 FROM steps WHERE run_id = $1 FOR UPDATE",
+                run_id,
+            )
+            cancel = asyncio.create_task(
+                control.cancel(db, tenant_id=TENANT, run_id=run_id, actor="op", reason="test")
+            )
+            await cycle.close("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", run_id)
         if attempts > 1:
             row = await asyncio.wait_for(cancel, 30)
             assert (row["status"], row["reason"]) == ("cancelled", "canceled_by_request")
@@ -327,7 +302,6 @@ async def test_cancel_deadlocking_with_another_transaction(
             row = await control.cancel(db, tenant_id=TENANT, run_id=run_id, actor="op", reason="")
             assert row["status"] == "cancelled"
     finally:
-        await other.close()
         await db.dispose()
 
 
@@ -534,32 +508,33 @@ async def test_checkpoint_deadlock_past_its_retries_does_not_fail_the_run(
     deadlock through. Writing a failed outcome would succeed at once, so a fault that
     reached workflow code would fail the run: it must be given back and complete instead.
     """
+    # Heartbeats renew the lease on the run row the gate holds; none falls in the test.
     settings = make_settings(
-        database_url, tmp_path, db_retry_attempts=1, poll_interval_seconds=0.05
+        database_url,
+        tmp_path,
+        db_retry_attempts=1,
+        poll_interval_seconds=0.05,
+        lease_ttl_seconds=120.0,
+        heartbeat_interval_seconds=50.0,
     )
     db = Database(settings)
     key = f"dl-{uuid.uuid4().hex[:8]}"
     run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-held", key=key)
-    other = await asyncpg.connect(asyncpg_dsn(database_url))
     try:
-        await other.execute("SET deadlock_timeout = '60s'")
         async with support.workers(settings, db, REGISTRY) as (worker,):
             await asyncio.wait_for(_gate(f"{key}:started").wait(), 30)
-            tx = other.transaction()
-            await tx.start()
-            await other.execute("SELECT 1 FROM steps WHERE run_id = $1 FOR UPDATE", run_id)
-            _gate(f"{key}:release").set()
-
-            async def checkpoint_waits() -> bool:
-                return await lock_waiters(db) == 1
-
-            await wait_for(checkpoint_waits, timeout=20, what="checkpoint blocked on the step")
-            await other.execute("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", run_id)
-            await tx.commit()
+            await support.start_recorded(db, run_id)  # the step row the lock is taken on
+            async with Deadlock(asyncpg_dsn(database_url)) as cycle:
+                await cycle.hold(
+                    "SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE",
+                    "SELECT 1 FROM steps WHERE run_id = $1 FOR UPDATE",
+                    run_id,
+                )
+                _gate(f"{key}:release").set()
+                await cycle.close("SELECT 1 FROM runs WHERE run_id = $1 FOR UPDATE", run_id)
             row = await support.reach(db, TENANT, run_id, "completed", "failed", timeout=60)
             assert worker.stats.db_faults == 1
     finally:
-        await other.close()
         await db.dispose()
     assert (row["status"], json.loads(row["output"])) == ("completed", "call-2+after")
 
@@ -579,28 +554,23 @@ async def test_a_deadlocked_transactional_step_is_rerun_whole_and_commits_once(
         await conn.execute(text("CREATE TABLE probe (id int PRIMARY KEY, v int NOT NULL)"))
         await conn.execute(text("INSERT INTO probe VALUES (1, 0), (2, 0)"))
     key = f"tx-{uuid.uuid4().hex[:8]}"
-    other = await asyncpg.connect(asyncpg_dsn(database_url))
     before = retries(DbFault.DEADLOCK)
     try:
-        await other.execute("SET deadlock_timeout = '60s'")
-        tx = other.transaction()
-        await tx.start()
-        await other.execute("UPDATE probe SET v = v + 10 WHERE id = 2")
-        run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-transaction", key=key)
-        async with support.workers(settings, db, REGISTRY):
-
-            async def step_waits() -> bool:
-                return await lock_waiters(db) == 1
-
-            await wait_for(step_waits, timeout=30, what="the step's transaction blocked")
-            await other.execute("UPDATE probe SET v = v + 10 WHERE id = 1")
-            await tx.commit()
-            row = await support.reach(db, TENANT, run_id, "completed", "failed", timeout=60)
+        async with Deadlock(asyncpg_dsn(database_url)) as cycle:
+            await cycle.hold(
+                "SELECT 1 FROM probe WHERE id = 1 FOR UPDATE",
+                "UPDATE probe SET v = v + 10 WHERE id = 2",
+            )
+            run_id = await support.submit(
+                db, settings, REGISTRY, TENANT, "fault-transaction", key=key
+            )
+            async with support.workers(settings, db, REGISTRY):
+                await cycle.close("UPDATE probe SET v = v + 10 WHERE id = 1")
+                row = await support.reach(db, TENANT, run_id, "completed", "failed", timeout=60)
         async with db.read() as conn:
             probe = (await conn.execute(text("SELECT id, v FROM probe ORDER BY id"))).all()
             step = (await conn.execute(select(steps).where(steps.c.run_id == run_id))).one()
     finally:
-        await other.close()
         await db.dispose()
     assert (row["status"], json.loads(row["output"])) == ("completed", 2)
     assert [tuple(r) for r in probe] == [(1, 11), (2, 11)]
@@ -886,6 +856,7 @@ async def test_a_checkpoint_fault_of_any_class_gives_the_run_back(
         run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-big", key=key)
         async with support.workers(settings, db, REGISTRY) as (worker,):
             await asyncio.wait_for(_gate(f"{key}:started").wait(), 30)
+            await support.start_recorded(db, run_id)  # the fault hits the result write
             await fault.on(db, run_id)
             try:
                 _gate(f"{key}:release").set()  # the step returns; its checkpoint fails
