@@ -29,11 +29,22 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-from benchmarks import charts, http_api, latency, peer, pglimit, scale, throughput
+from benchmarks import (
+    charts,
+    http_api,
+    latency,
+    peer,
+    pglimit,
+    scale,
+    submit_batch,
+    throughput,
+)
 from benchmarks.common import RESULTS, ROOT, median
 
 # Many submitters: the second HTTP load, beside the 16 connections of the first.
 MANY_CONNECTIONS = 64
+# Two clients keep one batch in flight while the server parses the next: more only queue.
+BATCH_CONNECTIONS = 2
 
 
 def _machine() -> dict[str, Any]:
@@ -158,6 +169,8 @@ def _ratios(result: dict[str, Any]) -> dict[str, Any]:
         out[f"post_runs_over_bare_insert_{MANY_CONNECTIONS}_connections"] = result["http_many"][
             "ratio"
         ]
+    for b in (result.get("batch") or {}).get("results", []):
+        out[f"post_runs_batch_{b['batch_size']}_runs_per_second"] = b["runs_per_second"]
     curve = result.get("scale") or []
     if len(curve) > 1:
         out["claim_throughput_largest_over_smallest"] = round(
@@ -209,6 +222,16 @@ def _print(result: dict[str, Any]) -> None:
             print(
                 f"{side:<8} {s['requests_per_second']:>8} req/s  p50 {s['p50_ms']} ms  "
                 f"p99 {s['p99_ms']} ms  non-2xx {s['non_2xx']}"
+            )
+    if result.get("batch"):
+        b = result["batch"]
+        print(f"\nHTTP POST /runs:batch ({b['connections']} connections, median of {b['repeats']})")
+        for r in b["results"]:
+            print(
+                f"{r['batch_size']:>5} runs/request {r['runs_per_second']:>9} runs/s  "
+                f"samples {r['samples']}  p50 {r['p50_ms']} ms  p99 {r['p99_ms']} ms  "
+                f"server CPU {r['server_cpu_us_per_run']} us/run  "
+                f"{'FLAGGED' if r['flagged'] else 'ok'}"
             )
     if result.get("scale"):
         print("\nScale: claim throughput vs finished rows in runs")
@@ -304,6 +327,10 @@ def main() -> None:
         result["http"] = http_api.measure(seconds, 16)
         print(f"HTTP, {MANY_CONNECTIONS} connections ...", flush=True)
         result["http_many"] = http_api.measure(seconds, MANY_CONNECTIONS)
+        print("HTTP POST /runs:batch ...", flush=True)
+        result["batch"] = submit_batch.measure(
+            seconds, BATCH_CONNECTIONS, [100, 1000], repeats=args.repeats
+        )
     if "scale" in parts:
         print("scale curve ...", flush=True)
         result["scale"] = scale.measure(scale_rows, 40 if quick else 2000)
