@@ -71,6 +71,10 @@ async def begin(request: Request) -> Response:
     return response
 
 
+CALLBACK_PARAMETERS = ("state", "code", "error", "error_description")
+"""The callback's query parameters read by the sign-in, each refused when given twice."""
+
+
 @router.get("/login/oidc/callback")
 async def callback(request: Request) -> Response:
     """Finish the sign-in: check state and id_token, then start a session (303 to Runs).
@@ -79,6 +83,12 @@ async def callback(request: Request) -> Response:
     the API refuses) shows the login page with the reason, status 401, and no session.
     """
     oidc = _required(request)
+    # The provider sends each of these once (RFC 6749 §4.1.2); a second copy would be read
+    # instead of the first, so an answer carrying one is refused rather than guessed at.
+    repeated = [n for n in CALLBACK_PARAMETERS if len(request.query_params.getlist(n)) > 1]
+    if repeated:
+        names = ", ".join(repeated)
+        return await _refused(request, f"the answer repeats {names}; start the sign-in again")
     try:
         login = await oidc.complete(request.query_params, request.cookies.get(STATE_COOKIE))
     except OidcError as exc:

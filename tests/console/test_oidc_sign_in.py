@@ -11,7 +11,7 @@ import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, urlencode, urlsplit, urlunsplit
+from urllib.parse import parse_qs, parse_qsl, urlencode, urlsplit, urlunsplit
 
 import httpx
 import pytest
@@ -100,6 +100,32 @@ def test_a_tampered_or_missing_state_signs_nobody_in(sso: tuple[OidcProvider, An
     assert not any(
         h.startswith("treadle_console=") for h in stranger.headers.get_list("set-cookie")
     )
+
+
+@pytest.mark.parametrize("name", ["state", "code", "error", "error_description"])
+def test_a_repeated_callback_parameter_signs_nobody_in(
+    sso: tuple[OidcProvider, Any], name: str
+) -> None:
+    """A second copy of a parameter the sign-in reads: refused (401), no session.
+
+    The first copy is the provider's own, so the answer would sign in if either copy
+    were read alone: the refusal comes from the repeat.
+    """
+    _, url = sso
+    with httpx.Client(base_url=url, timeout=30, follow_redirects=False) as browser:
+        begin = browser.get("/ui/login/oidc")
+        callback = urlsplit(_authorize(begin.headers["location"]))
+        pairs = parse_qsl(callback.query)
+        value = dict(pairs).get(name, "")
+        doubled = (
+            urlencode([*pairs, (name, value)])
+            if value
+            else urlencode([*pairs, (name, "x"), (name, "y")])
+        )
+        refused = browser.get(f"{callback.path}?{doubled}")
+        assert refused.status_code == 401, refused.text
+        assert any(f"repeats {name}" in a for a in _alerts(refused.text)), refused.text
+        assert not browser.cookies.get("treadle_console")
 
 
 def test_without_an_identity_provider_there_is_no_oidc_sign_in(
