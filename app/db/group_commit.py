@@ -386,6 +386,14 @@ class GroupCommitter:
         self.largest = 0
         self.fallbacks = 0
 
+    @property
+    def waiting(self) -> dict[str, int]:
+        """Rows queued for the next batch and not sent yet, by kind name (for tests)."""
+        counts: dict[str, int] = {}
+        for p in self._pending:
+            counts[p.kind.name] = counts.get(p.kind.name, 0) + 1
+        return counts
+
     async def submit(self, kind: BatchKind, params: Mapping[str, Any]) -> None:
         """Queue one row and wait until the statement carrying it has committed.
 

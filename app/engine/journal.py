@@ -24,6 +24,7 @@ docs/architecture.md ("Where a run's state is written").
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -103,6 +104,9 @@ class RunJournal:
         # its result unless the attempt outlives TREADLE_STEP_START_RECORD_AFTER_SECONDS,
         # emits, or fails (then it rides on that write). Arguments of _start_rows.
         self._deferred: dict[str, dict[str, Any]] = {}
+        # Held start records being written (write_deferred_start): the run's outcome
+        # waits for them, so a branch cut short while its start was in flight is listed.
+        self._starting: set[asyncio.Task[None]] = set()
         # The waits' writes (timers, signals, approvals, values, labels, children).
         self.waits = WaitJournal(self)
 
@@ -486,8 +490,20 @@ class RunJournal:
             LeaseLost: the fence moved. CheckpointFault: a transient database fault.
         """
         args = self._deferred.get(step_id)
-        if args is not None:
-            await self.start_attempt(**({**args, "started_at": None} if now else args))
+        if args is None:
+            return
+        # Its own task, shielded: a sibling's failure cancels this attempt while the write
+        # may be queued (group commit) or in flight. Cut short, it would be sent after the
+        # run's failure had committed, be refused by its fence, and the branch would leave
+        # no steps row; whole, it commits first (the run is still leased: :meth:`settle`
+        # waits for it) and the failure lists the branch as cancelled.
+        task = asyncio.ensure_future(
+            self.start_attempt(**({**args, "started_at": None} if now else args))
+        )
+        self._starting.add(task)
+        task.add_done_callback(self._starting.discard)
+        task.add_done_callback(_retrieved)
+        await asyncio.shield(task)
 
     async def record_attempt(self, *, step_id: str, attempt: int, output: str) -> None:
         """Journal a step attempt's result (``output``: encoded JSON text), with its start.
@@ -757,6 +773,10 @@ class RunJournal:
         Raises:
             LeaseLost: the fence moved; nothing was written.
         """
+        if self._starting:
+            # Start records of branches cut short, still being written: committed (or
+            # refused) before the outcome, never after it (write_deferred_start).
+            await asyncio.gather(*self._starting, return_exceptions=True)
         run = self.run
         run_id, tenant_id, fence = self.run_id, self.tenant_id, self.fence
 
@@ -998,6 +1018,13 @@ class _Riders:
     @property
     def empty(self) -> bool:
         return not (self.markers or self.lines or self.overflow or self.emits)
+
+
+def _retrieved(task: asyncio.Future[None]) -> None:
+    # A start record whose caller was cancelled: its outcome is the settle's concern (or
+    # nobody's, once the run is lost), never an "exception was never retrieved" warning.
+    if not task.cancelled():
+        task.exception()
 
 
 async def load_entries(db: Database, row: RowMapping) -> Sequence[RowMapping]:

@@ -15,9 +15,11 @@ import asyncio
 import uuid
 from typing import Any
 
+import pytest
 from pydantic import BaseModel
 
 from app.core.settings import Settings
+from app.db import group_commit
 from app.db.database import Database
 from app.engine.registry import Registry
 from app.sdk import ApprovalDecision, Permanent, RetryPolicy, WorkflowContext, flow, join, workflow
@@ -97,7 +99,40 @@ async def strict_flow(ctx: WorkflowContext, k: Key) -> bool:
     return (await ctx.approval("gate")).approved
 
 
-REGISTRY = Registry([dag.definition, gather_flow, cancel_flow, approval_flow, strict_flow])
+# The worker's database, for ``boom_once_start_queued`` to watch its group committer.
+committers: dict[str, Database] = {}
+
+
+async def boom_now() -> str:
+    raise Permanent(RuntimeError("ledger refused"))
+
+
+async def _fail_once_start_queued(ctx: WorkflowContext, key: str) -> str:
+    # Workflow code (not a step, which would wait for its own start record): once the
+    # sibling's start record waits in the group committer, unsent, a step fails at once.
+    await asyncio.wait_for(_event(f"{key}:sibling").wait(), 30)
+    committer = group_commit.committer(committers[key])
+
+    async def start_queued() -> bool:
+        return committer.waiting.get("start_attempt", 0) > 0
+
+    await wait_for(start_queued, timeout=30, what="the sibling's start record queued")
+    return await ctx.step(boom_now, retry=once)
+
+
+@workflow("views-gather-queued")
+async def gather_queued_flow(ctx: WorkflowContext, k: Key) -> list[str]:
+    """As views-gather, failing while the sibling's start record is being written."""
+    return list(
+        await asyncio.gather(
+            ctx.step(sibling, k.key, retry=once), _fail_once_start_queued(ctx, k.key)
+        )
+    )
+
+
+REGISTRY = Registry(
+    [dag.definition, gather_flow, gather_queued_flow, cancel_flow, approval_flow, strict_flow]
+)
 
 
 async def _start(client: Any, workflow_name: str, key: str) -> uuid.UUID:
@@ -165,6 +200,46 @@ async def test_branches_cancelled_by_a_failure_or_a_request_say_which(
         assert (by_request["status"], by_request["reason"]) == ("cancelled", "canceled_by_request")
         for run_key in (f"{key}-views-dag", f"{key}-views-gather", f"{key}-cancel"):
             _event(f"{run_key}:release").set()  # the abandoned attempts end (fenced off)
+
+
+@pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
+async def test_a_branch_whose_start_record_was_being_written_is_listed_cancelled(
+    settings: Settings, db: Database
+) -> None:
+    """The run fails while a branch's held start record is queued for its write.
+
+    The branch's attempt outlived ``TREADLE_STEP_START_RECORD_AFTER_SECONDS``, so its
+    start record was on its way to the database (held 1 s by the group commit window)
+    when the sibling failed and the branch was cancelled. The run's failure waits for
+    that write: the branch is listed ``cancelled`` by the failure, not missing (which it
+    was when the write was cut short, sent after the failure and refused by its fence).
+    PostgreSQL only: SQLite writes every start record before the call (ADR 0040).
+    """
+    settings = settings.model_copy(
+        update={"group_commit_window_ms": 1000.0, "step_start_record_after_seconds": 0.05}
+    )
+    slow = Database(settings)  # its group committer holds each batch for the window
+    try:
+        async with slow.write() as conn:
+            await REGISTRY.register(conn)
+        key = uuid.uuid4().hex[:8]
+        committers[key] = slow
+        async with (
+            api_client(settings, db, TENANT) as client,
+            workers(settings, slow, REGISTRY),
+        ):
+            run_id = await _start(client, "views-gather-queued", key)
+            row = await reach(db, TENANT, run_id, "failed", "completed")
+            assert (row["status"], row["reason"]) == ("failed", "failure_non_retryable")
+            steps = await _steps(client, run_id)
+            assert set(steps) == {"sibling", "boom_now"}, steps
+            assert (steps["sibling"]["status"], steps["sibling"]["reason"]) == (
+                "cancelled",
+                "canceled_by_failure",
+            )
+            _event(f"{key}:release").set()
+    finally:
+        await slow.dispose()
 
 
 async def _async_true(value: bool) -> bool | None:
