@@ -46,6 +46,8 @@ async def _load(
 ) -> dict[str, Any]:
     created = failed = errors = 0
     latencies: list[float] = []
+    statuses: dict[str, int] = {}  # non-207 answers by status code
+    answers: list[str] = []  # the first few of their bodies, to say what went wrong
     deadline = time.monotonic() + seconds
 
     # The body is encoded once per size, with a placeholder where each request's key
@@ -77,6 +79,9 @@ async def _load(
                 latencies.append(time.perf_counter() - began)
                 if resp.status_code != 207:
                     errors += 1
+                    statuses[str(resp.status_code)] = statuses.get(str(resp.status_code), 0) + 1
+                    if len(answers) < 3:
+                        answers.append(resp.text[:300])
                     continue
                 answer = resp.json()
                 created += answer["created"]
@@ -97,6 +102,8 @@ async def _load(
         "server_cpu_us_per_run": round(cpu / created * 1e6, 1) if created else None,
         "failed_items": failed,
         "non_207": errors,
+        "non_207_statuses": statuses,
+        "non_207_answers": answers,
         "flagged": bool(failed or errors),
     }
 
