@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import inspect
 from collections.abc import AsyncIterator, Callable
@@ -45,6 +46,7 @@ from app.core.settings import Settings
 from app.db.database import Database
 from app.db.migrations import check_schema
 from app.db.pooler import statement_timeout_mismatch
+from app.db.statistics import StatisticsKeeper
 from app.engine.api_keys import ApiKeyService
 from app.engine.submit import Submitter
 from app.engine.tenants import TenantService
@@ -96,9 +98,22 @@ def create_app(
             if mismatch is not None:
                 structlog.get_logger("treadle.api").warning(mismatch)
         app.state.authenticator.start()
+        # Batch submits are what fill a young database fastest: this process keeps the
+        # planner's statistics up with them (app/db/statistics.py).
+        stopping = asyncio.Event()
+        keeper = asyncio.create_task(
+            StatisticsKeeper(database, settings.analyze_interval_seconds).run(stopping),
+            name="statistics-keeper",
+        )
         try:
             yield
         finally:
+            # Cancelled, not awaited: a check stuck on an unreachable database must not
+            # hold up the shutdown; an ANALYZE cut short rolls back and changes nothing.
+            stopping.set()
+            keeper.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await keeper
             await app.state.authenticator.aclose()
         if owns_db:
             await database.dispose()

@@ -34,6 +34,7 @@ from app.db.migrations import check_schema
 from app.db.pooler import notifications_arrive, statement_timeout_mismatch
 from app.db.queries import definitions as defs_q
 from app.db.queries import runs as runs_q
+from app.db.statistics import StatisticsKeeper
 from app.engine import slots, story_log
 from app.engine.batches import BatchRunner
 from app.engine.claims import Claimer
@@ -203,6 +204,11 @@ class Worker:
             asyncio.create_task(self._slot_sweep_loop()),
             asyncio.create_task(self.batches.run(self._stopping)),
             asyncio.create_task(self.webhooks.run(self._stopping)),
+            asyncio.create_task(
+                StatisticsKeeper(self.db, self.settings.analyze_interval_seconds).run(
+                    self._stopping
+                )
+            ),
         ]
         listen = self.settings.listen_url
         if listen is not None:
