@@ -436,7 +436,8 @@ class Settings(BaseSettings):
         le=1000.0,
         description="PostgreSQL: how long a worker process collects its runs' plain "
         "checkpoints (a step's start and result, a bare completion) to send them as one "
-        "statement and one commit, each row fenced on its own "
+        "statement and one commit, while another batch is in flight (else at once), "
+        "each row fenced on its own "
         "(docs/adr/0039-group-commit.md); 0 takes only what arrives in the same event-loop "
         "turn; -1 (any negative value) turns group commit off: one statement per write.",
     )

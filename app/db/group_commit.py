@@ -11,10 +11,10 @@ order (``FOR UPDATE`` above a sort, so two batches never lock in opposite orders
 each row's fence is checked on its own. Each row carries its run's tenant, and every
 table is matched on ``(tenant_id, run_id)``: the rows' tenants name the shards the
 statement touches on a database distributed by tenant (docs/adr/0034-tenant-leading-keys.md).
-The statement returns the ``(run_id, fence)``
-pairs that held: those callers succeed, every other caller gets ``LeaseLost`` and its
-rows are not written; a stale fence never fails the batch
-(docs/adr/0039-group-commit.md).
+The statement returns the ``(run_id, fence, paused)``
+rows that held: those callers succeed, and learn whether an operator has paused their
+run (docs/adr/0044-pause-news.md); every other caller gets ``LeaseLost`` and its rows
+are not written; a stale fence never fails the batch (docs/adr/0039-group-commit.md).
 
 A caller's ``await`` returns only after the statement that carried its row committed.
 
@@ -25,8 +25,8 @@ outcome. The exception is a fault whose commit is in doubt (``unavailable``: the
 connection went away): each caller gets that fault, exactly as a single statement that
 met it would, and the journal turns it into ``CheckpointFault`` (the run is given back).
 
-To add a kind: one batched SQL over ``unnest`` of its columns returning ``run_id, fence``
-of the rows whose fence held, its columns (name and PostgreSQL array type), its constant
+To add a kind: one batched SQL over ``unnest`` of its columns returning ``run_id, fence,
+paused`` of the rows whose fence held, its columns (name and PostgreSQL array type), its constant
 parameters, and its single form (:class:`BatchKind`).
 """
 
@@ -50,8 +50,10 @@ from app.db.queries.runs import LEASED_STATUSES
 if TYPE_CHECKING:
     from app.db.database import Database
 
-Single = Callable[..., Awaitable[None]]
-"""A kind's one-row form: ``single(conn, **params)``, raising ``LeaseLost`` if the fence moved."""
+Single = Callable[..., Awaitable[bool | None]]
+"""A kind's one-row form: ``single(conn, **params)``, raising ``LeaseLost`` if the fence moved.
+
+It returns the run's pause news (True: paused) where the form reads it, else None."""
 
 
 @dataclass(frozen=True)
@@ -62,7 +64,9 @@ class BatchKind:
         name: the metric label and log name (``start_attempt``, ``record_success``, …).
         batch: the multi-row statement. Each column is bound as one array parameter of
             its name, and every name in ``constants`` as a scalar; it must fence every row
-            on its own and return ``run_id, fence`` of the rows whose fence held.
+            on its own and return ``run_id, fence, paused`` of the rows whose fence held
+            (``paused``: the run's ``paused_at IS NOT NULL`` under its row lock, or FALSE
+            for a kind that ends the run).
         columns: ``(parameter name, PostgreSQL array type)`` per column, e.g.
             ``("run_id", "uuid[]")``; every submission's params carry these names.
         constants: scalar parameters of ``batch`` the same for every row (statuses,
@@ -128,7 +132,8 @@ START_ATTEMPT = BatchKind(
 held AS (
     UPDATE runs SET updated_at = now(), lost_claims = 0 FROM locked
     WHERE runs.tenant_id = locked.tenant_id AND runs.run_id = locked.run_id
-    RETURNING locked.run_id, locked.tenant_id, locked.fence
+    RETURNING locked.run_id, locked.tenant_id, locked.fence,
+              runs.paused_at IS NOT NULL AS paused
 ),
 rows AS (
     SELECT i.* FROM input i
@@ -152,7 +157,7 @@ timeline AS (
            event_data
     FROM rows
 )
-SELECT run_id, fence FROM held""",
+SELECT run_id, fence, paused FROM held""",
     ),
     single=checkpoints_q.start_attempt,
     constants={"status": StepStatus.RUNNING.value, "event_kind": EventKind.STEP_STARTED.value},
@@ -177,7 +182,8 @@ RECORD_SUCCESS = BatchKind(
 held AS (
     UPDATE runs SET updated_at = now(), lost_claims = 0 FROM locked
     WHERE runs.tenant_id = locked.tenant_id AND runs.run_id = locked.run_id
-    RETURNING locked.run_id, locked.tenant_id, locked.fence
+    RETURNING locked.run_id, locked.tenant_id, locked.fence,
+              runs.paused_at IS NOT NULL AS paused
 ),
 rows AS (
     SELECT i.* FROM input i
@@ -195,7 +201,7 @@ timeline AS (
     INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
     SELECT run_id, tenant_id, now(), :event_kind, step_id, NULL, event_data FROM journal
 )
-SELECT run_id, fence FROM held""",
+SELECT run_id, fence, paused FROM held""",
     ),
     single=checkpoints_q.record_success,
     constants={
@@ -231,7 +237,8 @@ STEP_DONE = BatchKind(
 held AS (
     UPDATE runs SET updated_at = now(), lost_claims = 0 FROM locked
     WHERE runs.tenant_id = locked.tenant_id AND runs.run_id = locked.run_id
-    RETURNING locked.run_id, locked.tenant_id, locked.fence
+    RETURNING locked.run_id, locked.tenant_id, locked.fence,
+              runs.paused_at IS NOT NULL AS paused
 ),
 rows AS (
     SELECT i.*, LEAST(i.started_at, now()) AS began
@@ -261,7 +268,7 @@ timeline AS (
     ) AS e (n, at, kind, data)
     ORDER BY r.run_id, r.step_id, e.n
 )
-SELECT run_id, fence FROM held""",
+SELECT run_id, fence, paused FROM held""",
     ),
     single=checkpoints_q.step_done,
     constants={
@@ -311,7 +318,7 @@ webhooks AS (
       ON e.tenant_id = f.tenant_id AND e.events LIKE '%,' || f.status || ',%'
      AND (e.workflow IS NULL OR e.workflow = f.workflow)
 )
-SELECT run_id, fence FROM finished""",
+SELECT run_id, fence, FALSE FROM finished""",
     ),
     single=checkpoints_q.complete_run,
     constants={
@@ -335,21 +342,24 @@ class Grouped:
     kind: BatchKind
     params: Mapping[str, Any]
 
-    async def commit(self, db: Database) -> None:
+    async def commit(self, db: Database) -> bool:
         """Submit to ``db``'s committer and wait until the row is committed.
+
+        Returns:
+            Whether an operator has paused the run, as of the statement's row lock.
 
         Raises:
             LeaseLost: this row's fence moved; nothing of it was written.
             Whatever the statement that carried it raised (a classified fault).
         """
-        await committer(db).submit(self.kind, self.params)
+        return await committer(db).submit(self.kind, self.params)
 
 
 @dataclass
 class _Pending:
     kind: BatchKind
     params: Mapping[str, Any]
-    future: asyncio.Future[None]
+    future: asyncio.Future[bool]
 
 
 RunAutocommit = Callable[..., Awaitable[Any]]
@@ -362,9 +372,10 @@ class GroupCommitter:
     Args:
         run: runs ``fn(conn)`` on an autocommit connection with the conflict retries
             (:meth:`app.db.database.Database.autocommit_retrying`).
-        window_seconds: how long the first row of a batch waits for company
-            (``TREADLE_GROUP_COMMIT_WINDOW_MS`` / 1000); 0 takes only the rows submitted
-            before the event loop's next turn.
+        window_seconds: how long the first row of a batch waits for company while
+            another batch is in flight (``TREADLE_GROUP_COMMIT_WINDOW_MS`` / 1000); with
+            none in flight, or 0, a batch takes only the rows submitted before the event
+            loop's next turn.
         max_rows: a batch is sent at once when this many rows wait
             (``TREADLE_GROUP_COMMIT_MAX_ROWS``).
 
@@ -386,16 +397,11 @@ class GroupCommitter:
         self.largest = 0
         self.fallbacks = 0
 
-    @property
-    def waiting(self) -> dict[str, int]:
-        """Rows queued for the next batch and not sent yet, by kind name (for tests)."""
-        counts: dict[str, int] = {}
-        for p in self._pending:
-            counts[p.kind.name] = counts.get(p.kind.name, 0) + 1
-        return counts
-
-    async def submit(self, kind: BatchKind, params: Mapping[str, Any]) -> None:
+    async def submit(self, kind: BatchKind, params: Mapping[str, Any]) -> bool:
         """Queue one row and wait until the statement carrying it has committed.
+
+        Returns:
+            The row's pause news (:class:`BatchKind`).
 
         Raises:
             LeaseLost: this row's fence moved; nothing of it was written.
@@ -407,12 +413,17 @@ class GroupCommitter:
         if len(self._pending) >= self._max_rows:
             self._flush()
         elif self._timer is None:
+            # The window is paid only when there is company to wait for: while a batch is
+            # in flight other runs are checkpointing, and their next rows are due within
+            # it. Otherwise (one run at a time, an idle worker) the row goes on the event
+            # loop's next turn, with whatever was submitted in this one; PostgreSQL's
+            # commit_delay waits only with commit_siblings for the same reason.
             self._timer = (
                 loop.call_later(self._window, self._flush)
-                if self._window > 0
+                if self._window > 0 and self._inflight
                 else loop.call_soon(self._flush)
             )
-        await pending.future
+        return await pending.future
 
     def _flush(self) -> None:
         if self._timer is not None:
@@ -457,7 +468,11 @@ class GroupCommitter:
                 return
             for p in rows:
                 key = (str(p.params["run_id"]), int(p.params["fence"]))
-                _settle(p, None if key in held else LeaseLost(p.params["run_id"]))
+                paused = held.get(key)
+                if paused is None:
+                    _settle(p, LeaseLost(p.params["run_id"]))
+                else:
+                    _settle(p, None, paused=paused)
         except BaseException as exc:
             # Never leave a caller waiting (a cancelled flush, a bug): it gets the error.
             for p in rows:
@@ -465,28 +480,28 @@ class GroupCommitter:
             raise
 
     async def _one(self, p: _Pending) -> None:
-        async def single(conn: AsyncConnection) -> None:
-            await p.kind.single(conn, **p.params)
+        async def single(conn: AsyncConnection) -> bool | None:
+            return await p.kind.single(conn, **p.params)
 
         try:
-            await self._run(single, what=p.kind.name)
+            paused = await self._run(single, what=p.kind.name)
         except BaseException as exc:  # LeaseLost is a BaseException
             _settle(p, exc)
             if not isinstance(exc, (Exception, LeaseLost)):
                 raise
             return
-        _settle(p, None)
+        _settle(p, None, paused=bool(paused))
 
     @staticmethod
     async def _many(
         conn: AsyncConnection, kind: BatchKind, rows: Sequence[_Pending]
-    ) -> set[tuple[str, int]]:
+    ) -> dict[tuple[str, int], bool]:
         params: dict[str, Any] = dict(kind.constants)
         for name, _ in kind.columns:
             params[name] = [p.params[name] for p in rows]
         result = await conn.execute(kind.batch, params)
         # Keys as text: the driver's UUID type and uuid.UUID need not compare equal.
-        return {(str(r[0]), int(r[1])) for r in result.all()}
+        return {(str(r[0]), int(r[1])): bool(r[2]) for r in result.all()}
 
     async def drain(self) -> None:
         """Send what waits and wait for every batch in flight (shutdown, tests)."""
@@ -495,11 +510,11 @@ class GroupCommitter:
             await asyncio.gather(*list(self._inflight), return_exceptions=True)
 
 
-def _settle(p: _Pending, exc: BaseException | None) -> None:
+def _settle(p: _Pending, exc: BaseException | None, *, paused: bool = False) -> None:
     if p.future.done():  # the caller was cancelled, or this row was settled already
         return
     if exc is None:
-        p.future.set_result(None)
+        p.future.set_result(paused)
     else:
         p.future.set_exception(exc)
 

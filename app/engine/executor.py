@@ -139,7 +139,9 @@ class RunExecution:
         self._mono_at_claim = time.monotonic()
         self._mono_claim_sent = self._mono_at_claim if claim_sent is None else claim_sent
         # The one writer of this run's state under our fence.
-        self.journal = RunJournal(db, settings, run, worker_id, clock=self.db_now)
+        self.journal = RunJournal(
+            db, settings, run, worker_id, clock=self.db_now, claim_sent=claim_sent
+        )
         self._active = 0
         self._suspends: list[PendingWait] = []
         self._ready = asyncio.Event()

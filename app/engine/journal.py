@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -63,6 +64,15 @@ T = TypeVar("T")
 
 log = structlog.get_logger("treadle.worker")
 
+PAUSE_NEWS_SECONDS = 0.1
+"""How long a write's reading of ``paused_at`` stands in for a pause point's own read.
+
+Between a step's result and the next pause point lies only the workflow's own code,
+microseconds for most; a pause written in that gap takes effect one step later, as one
+written just after a read does. Longer gaps (code that awaits something between steps)
+read again (docs/adr/0044-pause-news.md).
+"""
+
 
 class RunJournal:
     """Every fenced write of one run under one claim.
@@ -74,6 +84,8 @@ class RunJournal:
         worker_id: stamped on ``step_started`` events and give-back logs.
         clock: the database clock estimate (``RunExecution.db_now``); a journal built
             without an execution (a give-back) reads ``time.monotonic`` from the claim.
+        claim_sent: ``time.monotonic()`` before the claim statement was sent, if known:
+            the claim took the run unpaused, the first pause news (:meth:`is_paused`).
     """
 
     def __init__(
@@ -84,6 +96,7 @@ class RunJournal:
         worker_id: str,
         *,
         clock: Callable[[], datetime] | None = None,
+        claim_sent: float | None = None,
     ) -> None:
         self.db = db
         self.settings = settings
@@ -109,6 +122,12 @@ class RunJournal:
         self._starting: set[asyncio.Task[None]] = set()
         # The waits' writes (timers, signals, approvals, values, labels, children).
         self.waits = WaitJournal(self)
+        # Pause news: (time.monotonic() when the write was sent, paused?) of the newest
+        # fenced write, if it read the run's paused_at under its row lock; the claim's
+        # counts, since it never takes a paused run (docs/adr/0044-pause-news.md).
+        self._pause_news: tuple[float, bool] | None = (
+            None if claim_sent is None else (claim_sent, False)
+        )
 
     def attach(self, logbook: RunLogBook, emitter: RunEmitter) -> None:
         """Let ``ctx.logger`` lines and workflow emits ride on the next fenced write.
@@ -134,11 +153,14 @@ class RunJournal:
         self,
         fn: Callable[[AsyncConnection], Awaitable[None]],
         *,
-        single: Callable[[AsyncConnection], Awaitable[None]] | None = None,
+        single: Callable[[AsyncConnection], Awaitable[object]] | None = None,
         grouped: group_commit.Grouped | None = None,
         what: str = "checkpoint",
-    ) -> None:
+    ) -> object:
         """Run ``fn`` in a write transaction that first verifies our fence.
+
+        Returns what the form that committed returned: the pause news of ``single`` or
+        ``grouped`` where those read it (a bool), else None.
 
         The fence check comes first; then the emits, log lines and ``ctx.patched``
         markers waiting to ride (markers before ``fn``'s rows: no later step can be
@@ -160,6 +182,9 @@ class RunJournal:
             CheckpointFault: a transient database fault (unreachable, pool or statement
                 timeout, conflicts past the retries); nothing was written.
         """
+        # Pause news is the newest write's: a write that reads no paused_at (SQLite, a
+        # rider, any other kind) leaves the next pause point to read for itself.
+        self._pause_news = None
         if self._emitter is not None:
             # Step emits made so far first (their own fenced write): a step's emits
             # precede its result, and a parallel branch's are not held behind this one.
@@ -173,7 +198,7 @@ class RunJournal:
 
         alone = single if riders.empty else None
         try:
-            await self._faults_as_checkpoint(
+            return await self._faults_as_checkpoint(
                 checkpoints_q.commit(
                     self.db,
                     checkpoint,
@@ -300,11 +325,19 @@ class RunJournal:
             return await events_q.counts_for_run(conn, self.run_id, tenant_id=self.tenant_id)
 
     async def is_paused(self) -> bool:
-        """Whether an operator paused the run (one primary-key read, one round trip).
+        """Whether an operator paused the run.
+
+        The pause news of this claim's newest write that read ``paused_at`` (the claim,
+        a step's result on PostgreSQL) answers when that write was sent less than
+        :data:`PAUSE_NEWS_SECONDS` ago; otherwise one primary-key read, one round trip
+        (docs/adr/0044-pause-news.md).
 
         Raises:
             CheckpointFault: the read met a transient database fault.
         """
+        news = self._pause_news
+        if news is not None and time.monotonic() - news[0] < PAUSE_NEWS_SECONDS:
+            return news[1]
 
         async def read() -> bool:
             async with self.db.read_statement() as conn:
@@ -537,12 +570,14 @@ class RunJournal:
             **args,
         }
 
-        async def statement(conn: AsyncConnection) -> None:
-            await checkpoints_q.step_done(conn, **params)
+        async def statement(conn: AsyncConnection) -> bool:
+            return await checkpoints_q.step_done(conn, **params)
 
-        await self._write(
+        sent = time.monotonic()
+        news = await self._write(
             rows, single=statement, grouped=group_commit.Grouped(group_commit.STEP_DONE, params)
         )
+        self._note_pause_news(sent, news)
         del self._deferred[step_id]
         self.lost_claims = 0
 
@@ -565,15 +600,23 @@ class RunJournal:
             "event_data": json.dumps({"attempt": attempt}),
         }
 
-        async def statement(conn: AsyncConnection) -> None:
-            await checkpoints_q.record_success(conn, **params)
+        async def statement(conn: AsyncConnection) -> bool:
+            return await checkpoints_q.record_success(conn, **params)
 
-        await self._write(
+        sent = time.monotonic()
+        news = await self._write(
             rows,
             single=statement,
             grouped=group_commit.Grouped(group_commit.RECORD_SUCCESS, params),
         )
+        self._note_pause_news(sent, news)
         self.lost_claims = 0
+
+    def _note_pause_news(self, sent: float, news: object) -> None:
+        # A bool when the statement read paused_at (PostgreSQL's single statement or its
+        # group-commit row); the multi-statement form (SQLite, riders) reads nothing.
+        if isinstance(news, bool):
+            self._pause_news = (sent, news)
 
     @contextlib.asynccontextmanager
     async def step_transaction(self) -> AsyncIterator[AsyncConnection]:

@@ -258,8 +258,12 @@ class Worker:
                     break
                 for row in rows:
                     self._start(row, sent)
-                if rows:
-                    continue  # more due work may be right behind these
+                if len(rows) == free:
+                    continue  # every free slot filled: more due work may be right behind
+                # Fewer than asked: the claim took every due run it could see. Claiming
+                # again at once would find none, and its round trip would hold up the runs
+                # just started; a submit meanwhile NOTIFYs (``_wake``), polling covers a
+                # lost one.
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.settings.poll_interval_seconds)
 

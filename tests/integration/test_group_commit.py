@@ -23,6 +23,7 @@ from app.core.errors import LeaseLost
 from app.core.settings import Settings
 from app.db import group_commit
 from app.db.database import Database
+from app.db.queries import checkpoints as checkpoints_q
 from app.db.queries import runs as runs_q
 from app.db.tables import events, runs, steps
 from app.engine.registry import Registry
@@ -170,7 +171,7 @@ async def test_whole_attempts_batch_with_their_start_time_and_events_in_order(
     )
     assert (gc.batches, gc.largest, gc.fallbacks) == (1, 4, 0)
     assert isinstance(outcomes[1], LeaseLost)
-    assert [o for i, o in enumerate(outcomes) if i != 1] == [None] * 3
+    assert [o for i, o in enumerate(outcomes) if i != 1] == [False] * 3  # committed, not paused
     async with db.read() as conn:
         for i, r in enumerate(claimed):
             got = (
@@ -233,7 +234,7 @@ async def test_stale_fence_fails_only_its_own_row(settings: Settings, db: Databa
     )
     assert gc.batches == 2 and gc.fallbacks == 0
     assert isinstance(outcomes[2], LeaseLost) and outcomes[2].run_id == stale["run_id"]
-    assert [o for i, o in enumerate(outcomes) if i != 2] == [None] * 4
+    assert [o for i, o in enumerate(outcomes) if i != 2] == [False] * 4
     for r in claimed:
         fence = int(r["fence"])
         if r is stale:
@@ -283,6 +284,55 @@ async def test_stale_fence_fails_only_its_own_row(settings: Settings, db: Databa
             assert (await _event_kinds(db, r["run_id"]))[-1] == "run_completed"
 
 
+async def test_each_row_learns_whether_its_own_run_is_paused(
+    settings: Settings, db: Database
+) -> None:
+    """A step's result reads its run's ``paused_at`` under the row lock (ADR 0044).
+
+    Batched and alone, every held row reports its own run's pause, written by an
+    operator while the attempt ran; the result is still journaled (a pause moves no
+    fence), and a run's completion reports no pause.
+    """
+    _pg_only(db)
+    claimed = await _claimed(db, settings, 4)
+    paused = claimed[1]["run_id"]
+    async with db.write() as conn:
+        await runs_q.set_pause(conn, run_id=paused, paused_by="op", reason="look")
+    gc = _committer(db)
+
+    def success(r: RowMapping, step_id: str) -> dict[str, Any]:
+        return {
+            "run_id": r["run_id"],
+            "tenant_id": r["tenant_id"],
+            "fence": int(r["fence"]),
+            "step_id": step_id,
+            "output": "1",
+            "event_data": '{"attempt":1}',
+        }
+
+    await asyncio.gather(*(gc.submit(group_commit.START_ATTEMPT, _start(r)) for r in claimed))
+    news = await asyncio.gather(
+        *(gc.submit(group_commit.RECORD_SUCCESS, success(r, "s")) for r in claimed)
+    )
+    assert gc.largest == 4
+    assert news == [False, True, False, False]
+    assert await _steps(db, paused) == [("s", "succeeded", int(claimed[1]["fence"]))]
+
+    # Alone (a batch of one is the single statement), and through the single forms.
+    await gc.submit(group_commit.START_ATTEMPT, {**_start(claimed[1], "t"), "seq": 1})
+    assert await gc.submit(group_commit.RECORD_SUCCESS, success(claimed[1], "t")) is True
+    async with db.autocommit() as conn:
+        assert await checkpoints_q.record_success(conn, **success(claimed[0], "s")) is False
+        assert await checkpoints_q.record_success(conn, **success(claimed[1], "s")) is True
+    done = {
+        "run_id": claimed[1]["run_id"],
+        "tenant_id": claimed[1]["tenant_id"],
+        "fence": int(claimed[1]["fence"]),
+        "output": "1",
+    }
+    assert await gc.submit(group_commit.COMPLETE_RUN, done) is False
+
+
 @WITH_PGBOUNCER
 async def test_a_row_of_another_tenant_matches_nothing(settings: Settings, db: Database) -> None:
     """Right run id and fence but another tenant: that row's caller gets ``LeaseLost``.
@@ -308,7 +358,7 @@ async def test_a_row_of_another_tenant_matches_nothing(settings: Settings, db: D
         ]
         outcomes = await asyncio.gather(*(gc.submit(kind, p) for p in rows), return_exceptions=True)
         assert isinstance(outcomes[1], LeaseLost), outcomes
-        assert [o for i, o in enumerate(outcomes) if i != 1] == [None, None]
+        assert [o for i, o in enumerate(outcomes) if i != 1] == [False, False]
     assert gc.fallbacks == 0
     assert await _steps(db, wrong["run_id"]) == []
     assert "run_completed" not in await _event_kinds(db, wrong["run_id"])
@@ -333,7 +383,7 @@ async def test_failed_batch_gives_each_caller_its_own_outcome(
         *(gc.submit(group_commit.START_ATTEMPT, p) for p in rows), return_exceptions=True
     )
     assert (gc.batches, gc.largest, gc.fallbacks) == (1, 4, 1)
-    assert outcomes[:3] == [None, None, None]
+    assert outcomes[:3] == [False, False, False]
     assert isinstance(outcomes[3], LeaseLost)
     assert await _steps(db, claimed[0]["run_id"]) == [("s", "running", int(claimed[0]["fence"]))]
     assert (await _event_kinds(db, claimed[0]["run_id"])).count("step_started") == 2

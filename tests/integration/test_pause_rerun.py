@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import uuid
 from collections import Counter
 from pathlib import Path
@@ -30,6 +31,7 @@ from app.db.queries import runs as runs_q
 from app.db.queries import steps as steps_q
 from app.db.tables import events, workflow_definitions
 from app.engine import control, rerun
+from app.engine import journal as journal_module
 from app.engine.registry import Registry
 from app.engine.rerun import check_prefix
 from app.sdk import Permanent, RetryPolicy, WorkflowContext, workflow
@@ -163,6 +165,36 @@ async def due_passed(db: Database, run_id: uuid.UUID) -> bool:
         now = await fetch_now(conn, db.dialect)
         row = await runs_q.get_run(conn, TENANT, run_id)
     return row["available_at"] is not None and row["available_at"] <= now
+
+
+@pytest.mark.parametrize("fresh", [True, False], ids=["news", "stale"])
+async def test_pause_points_read_paused_at_only_without_fresh_news(
+    psettings: Settings, db: Database, monkeypatch: pytest.MonkeyPatch, fresh: bool
+) -> None:
+    """A pause point takes the claim's or the last step result's reading of ``paused_at``.
+
+    docs/adr/0044-pause-news.md: on PostgreSQL the claim (which never takes a paused
+    run) and each step's result statement report the pause, so a run's pause points
+    read nothing while that news is younger than ``PAUSE_NEWS_SECONDS``; older news is
+    read again, one primary-key read per pause point.
+    """
+    if db.dialect != "postgresql":
+        pytest.skip("the step results' statements read paused_at on PostgreSQL only")
+    monkeypatch.setattr(journal_module, "PAUSE_NEWS_SECONDS", 3600.0 if fresh else 0.0)
+    k = key()
+    gates[f"{k}:started"] = asyncio.Event()
+    gates[f"{k}:go"] = asyncio.Event()
+    gates[f"{k}:go"].set()
+    reads: list[tuple[str, Any]] = []
+    stop = support.record_statements(db, re.compile(r"^SELECT runs\.paused_at"), reads)
+    try:
+        run_id = await submit(db, psettings, "p-two-steps", k)
+        async with support.workers(psettings, db, REGISTRY):
+            await support.reach(db, TENANT, run_id, "completed")
+    finally:
+        stop()
+    # Two pause points: before each step.
+    assert len(reads) == (0 if fresh else 2), reads
 
 
 async def test_pause_mid_step_finishes_attempt_then_releases(

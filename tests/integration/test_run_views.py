@@ -99,8 +99,8 @@ async def strict_flow(ctx: WorkflowContext, k: Key) -> bool:
     return (await ctx.approval("gate")).approved
 
 
-# The worker's database, for ``boom_once_start_queued`` to watch its group committer.
-committers: dict[str, Database] = {}
+# Set once the sibling's start record is being written (the test makes that write slow).
+start_writing: dict[str, asyncio.Event] = {}
 
 
 async def boom_now() -> str:
@@ -109,14 +109,10 @@ async def boom_now() -> str:
 
 async def _fail_once_start_queued(ctx: WorkflowContext, key: str) -> str:
     # Workflow code (not a step, which would wait for its own start record): once the
-    # sibling's start record waits in the group committer, unsent, a step fails at once.
+    # sibling's start record is on its way to the database, not committed, a step fails
+    # at once.
     await asyncio.wait_for(_event(f"{key}:sibling").wait(), 30)
-    committer = group_commit.committer(committers[key])
-
-    async def start_queued() -> bool:
-        return committer.waiting.get("start_attempt", 0) > 0
-
-    await wait_for(start_queued, timeout=30, what="the sibling's start record queued")
+    await asyncio.wait_for(start_writing[key].wait(), 30)
     return await ctx.step(boom_now, retry=once)
 
 
@@ -204,7 +200,7 @@ async def test_branches_cancelled_by_a_failure_or_a_request_say_which(
 
 @pytest.mark.parametrize("database_url", ["postgresql"], indirect=True)
 async def test_a_branch_whose_start_record_was_being_written_is_listed_cancelled(
-    settings: Settings, db: Database
+    settings: Settings, db: Database, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The run fails while a branch's held start record is queued for its write.
 
@@ -215,15 +211,24 @@ async def test_a_branch_whose_start_record_was_being_written_is_listed_cancelled
     was when the write was cut short, sent after the failure and refused by its fence).
     PostgreSQL only: SQLite writes every start record before the call (ADR 0040).
     """
-    settings = settings.model_copy(
-        update={"group_commit_window_ms": 1000.0, "step_start_record_after_seconds": 0.05}
-    )
-    slow = Database(settings)  # its group committer holds each batch for the window
+    settings = settings.model_copy(update={"step_start_record_after_seconds": 0.05})
+    slow = Database(settings)
+    gc = group_commit.committer(slow)
+    send = gc._run
+
+    key = uuid.uuid4().hex[:8]
+    start_writing[key] = asyncio.Event()
+
+    async def slow_start(fn: Any, *, what: str = "statement") -> Any:
+        if what == "start_attempt":
+            start_writing[key].set()
+            await asyncio.sleep(1.0)  # a start record's write that takes a second
+        return await send(fn, what=what)
+
+    monkeypatch.setattr(gc, "_run", slow_start)
     try:
         async with slow.write() as conn:
             await REGISTRY.register(conn)
-        key = uuid.uuid4().hex[:8]
-        committers[key] = slow
         async with (
             api_client(settings, db, TENANT) as client,
             workers(settings, slow, REGISTRY),

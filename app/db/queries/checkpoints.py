@@ -28,7 +28,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Awaitable, Callable
 from datetime import datetime
-from typing import TYPE_CHECKING, Literal, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Literal, TypeVar, cast
 
 from sqlalchemy import BigInteger, Integer, String, Text, Uuid, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -78,7 +78,8 @@ async def commit(
         db: the database (its ``dialect`` picks the form).
         transaction: the multi-statement form; receives the open connection.
         statement: the single-statement form, if the write has one.
-        grouped: the same write as a group-commit row (returns None).
+        grouped: the same write as a group-commit row (returns the row's pause news,
+            as its single form does: app/db/group_commit.py).
         what: names the write in retry log lines.
         pool: ``lease`` for a lease release (the lease pool, beside heartbeats:
             ``Database.lease_write``), else the main pool.
@@ -93,8 +94,7 @@ async def commit(
     """
     if statement is not None and db.dialect == "postgresql":
         if grouped is not None and db.settings.group_commit_window_ms >= 0:
-            await grouped.commit(db)
-            return cast(T, None)
+            return cast(T, await grouped.commit(db))
         return await db.autocommit_retrying(statement, what=what)
     if pool == "lease":
         return await db.lease_write_retrying(transaction, what=what)
@@ -108,7 +108,7 @@ held AS (
     UPDATE runs SET updated_at = now(), lost_claims = 0
     WHERE tenant_id = :tenant_id AND run_id = :run_id AND fence = :fence
       AND status IN ({_LEASED_SQL})
-    RETURNING run_id, tenant_id
+    RETURNING run_id, tenant_id, paused_at IS NOT NULL AS paused
 )"""
 
 _TIMELINE = """
@@ -166,7 +166,7 @@ journal AS (
       AND steps.step_id = :step_id
     RETURNING held.run_id, held.tenant_id
 ), {_TIMELINE}
-SELECT count(*) FROM held"""
+SELECT count(*), bool_or(paused) FROM held"""
 ).bindparams(
     bindparam("run_id", type_=Uuid()),
     bindparam("tenant_id", type_=String()),
@@ -207,7 +207,7 @@ timeline AS (
     ) AS e (n, at, kind, data)
     ORDER BY e.n
 )
-SELECT count(*) FROM held"""
+SELECT count(*), bool_or(paused) FROM held"""
 ).bindparams(
     bindparam("run_id", type_=Uuid()),
     bindparam("tenant_id", type_=String()),
@@ -246,7 +246,7 @@ async def step_done(
     started_at: datetime,
     started_data: str,
     event_data: str,
-) -> None:
+) -> bool:
     """Fence-check, journal a whole attempt that succeeded (no start record), both events.
 
     The one commit of a step that finished before its start record was due
@@ -255,6 +255,10 @@ async def step_done(
     ``started_at`` (the attempt's start, database clock), then ``step_started``
     (``started_data``, at ``started_at``) and ``step_succeeded`` (``event_data``) in that
     order. Run on an autocommit connection (PostgreSQL).
+
+    Returns:
+        Whether an operator has paused the run: its ``paused_at`` as of this statement's
+        row lock, the executor's next pause point (docs/adr/0044-pause-news.md).
 
     Raises:
         LeaseLost: the fence moved (or ``tenant_id`` is not the run's); nothing was
@@ -282,8 +286,14 @@ async def step_done(
             "event_data": event_data,
         },
     )
-    if result.scalar_one() != 1:
+    return _held_news(result.one(), run_id)
+
+
+def _held_news(row: Any, run_id: uuid.UUID) -> bool:
+    """``paused`` of a ``SELECT count(*), bool_or(paused) FROM held`` row; LeaseLost if 0."""
+    if row[0] != 1:
         raise LeaseLost(run_id)
+    return bool(row[1])
 
 
 async def start_attempt(
@@ -344,10 +354,14 @@ async def record_success(
     step_id: str,
     output: str,
     event_data: str,
-) -> None:
+) -> bool:
     """Fence-check, journal a step's result (JSON text), append ``step_succeeded``.
 
     Run on an autocommit connection (PostgreSQL).
+
+    Returns:
+        Whether an operator has paused the run: its ``paused_at`` as of this statement's
+        row lock, the executor's next pause point (docs/adr/0044-pause-news.md).
 
     Raises:
         LeaseLost: the fence moved (or ``tenant_id`` is not the run's); nothing was
@@ -366,8 +380,7 @@ async def record_success(
             "event_data": event_data,
         },
     )
-    if result.scalar_one() != 1:
-        raise LeaseLost(run_id)
+    return _held_news(result.one(), run_id)
 
 
 _COMPLETE = text(
