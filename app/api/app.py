@@ -43,6 +43,7 @@ from app.console import mount as mount_console
 from app.console import problem_page as console_problem_page
 from app.core import tracing
 from app.core.settings import Settings
+from app.core.tasks import cancel_and_wait
 from app.db.database import Database
 from app.db.migrations import check_schema
 from app.db.pooler import statement_timeout_mismatch
@@ -108,12 +109,10 @@ def create_app(
         try:
             yield
         finally:
-            # Cancelled, not awaited: a check stuck on an unreachable database must not
-            # hold up the shutdown; an ANALYZE cut short rolls back and changes nothing.
+            # Cancelled rather than awaited: a check stuck on an unreachable database must
+            # not hold up the shutdown; an ANALYZE cut short rolls back and changes nothing.
             stopping.set()
-            keeper.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await keeper
+            await cancel_and_wait([keeper])
             await app.state.authenticator.aclose()
         if owns_db:
             await database.dispose()

@@ -28,6 +28,7 @@ from sqlalchemy.engine import make_url
 from app.core import json, metrics, tracing
 from app.core.errors import CheckpointFault, LeaseLost
 from app.core.settings import Settings
+from app.core.tasks import cancel_and_wait
 from app.db.database import Database
 from app.db.faults import classify, wait_out_faults
 from app.db.migrations import check_schema
@@ -226,9 +227,9 @@ class Worker:
             await self._claim_loop()
         finally:
             await self._drain()
-            for h in helpers:
-                h.cancel()
-            await asyncio.gather(*helpers, return_exceptions=True)
+            # Cancelled until they end: a helper can lose its first cancellation inside a
+            # driver call (app/core/tasks.py), and the drain must still finish.
+            await cancel_and_wait(helpers)
             with contextlib.suppress(Exception):
                 async with self.db.write() as conn:
                     await defs_q.stop_worker(conn, self.worker_id)
