@@ -441,13 +441,15 @@ async def test_worker_without_pre_ping_survives_terminated_connections(
     # runner, webhook sender: each polls every poll interval) are idle in this test, so
     # the checkpoint is the first statement to meet a dead connection (any earlier one
     # would invalidate the whole pool first and the checkpoint would get a fresh one).
-    # CI run 8 failed with the webhook sender's poll meeting it first.
+    # CI run 8 failed with the webhook sender's poll meeting it first, and a 3 Dec CI
+    # with the statistics keeper's (every 10 s, app/db/statistics.py): it is off here.
     settings = make_settings(
         database_url,
         tmp_path,
         poll_interval_seconds=0.05,
         heartbeat_interval_seconds=100,
         lease_ttl_seconds=600,
+        analyze_interval_seconds=0,
     )
     db = Database(settings)
     worker_db = Database(settings, pre_ping=False)
