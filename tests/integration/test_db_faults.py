@@ -442,7 +442,8 @@ async def test_worker_without_pre_ping_survives_terminated_connections(
     # the checkpoint is the first statement to meet a dead connection (any earlier one
     # would invalidate the whole pool first and the checkpoint would get a fresh one).
     # CI run 8 failed with the webhook sender's poll meeting it first, and a 3 Dec CI
-    # with the statistics keeper's (every 10 s, app/db/statistics.py): it is off here.
+    # with the statistics keeper's (every 10 s, app/db/statistics.py): it is off here,
+    # and so is the scheduler loop (a pass every second on the same pool).
     settings = make_settings(
         database_url,
         tmp_path,
@@ -450,6 +451,7 @@ async def test_worker_without_pre_ping_survives_terminated_connections(
         heartbeat_interval_seconds=100,
         lease_ttl_seconds=600,
         analyze_interval_seconds=0,
+        scheduler_enabled=False,
     )
     db = Database(settings)
     worker_db = Database(settings, pre_ping=False)
@@ -465,8 +467,14 @@ async def test_worker_without_pre_ping_survives_terminated_connections(
         key = f"pp-{uuid.uuid4().hex[:8]}"
         run_id = await support.submit(db, settings, REGISTRY, TENANT, "fault-held", key=key)
         await asyncio.wait_for(_gate(f"{key}:started").wait(), 30)
-        # The step's start checkpoint left its connection in the worker's pool.
-        assert worker_db.engine.sync_engine.pool.checkedin() >= 1  # type: ignore[attr-defined]
+        pool = worker_db.engine.sync_engine.pool
+
+        async def pooled() -> bool:
+            # The claim's and the journal read's connection, back in the worker's pool once
+            # their statements returned (the step may start a moment before).
+            return bool(pool.checkedin() >= 1)  # type: ignore[attr-defined]
+
+        await wait_for(pooled, timeout=10, what="a connection back in the worker's pool")
         admin = await asyncpg.connect(asyncpg_dsn(database_url))
         try:
             terminated = await admin.fetchval(
