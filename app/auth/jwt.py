@@ -15,7 +15,6 @@ loaded are a 503, not a 401 (:class:`JwksSource`); ``iss``, ``aud`` and ``exp`` 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import math
 import time
@@ -34,6 +33,7 @@ from app.auth.token_cache import Verified
 from app.core.errors import IdentityProviderUnavailable, Unauthenticated
 from app.core.ids import is_tenant_id
 from app.core.settings import Settings
+from app.core.tasks import cancel_and_wait
 
 with warnings.catch_warnings():
     # authlib 1.9.10 warns on import that it prefers httpx2; it still supports httpx, which
@@ -153,12 +153,15 @@ class JwksSource:
             self._task = asyncio.create_task(self._refresh_forever(), name="jwks-refresh")
 
     async def aclose(self) -> None:
-        """Stop the background refresh (idempotent)."""
+        """Stop the background refresh (idempotent), returning once it has ended.
+
+        Cancelled until it ends (:func:`app.core.tasks.cancel_and_wait`): its fetch awaits
+        httpx, and a cancellation lost in a completing await would leave it refreshing
+        after shutdown (and the API's lifespan waiting on it).
+        """
         task, self._task = self._task, None
         if task is not None:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+            await cancel_and_wait([task])
 
     async def _refresh_forever(self) -> None:
         while True:

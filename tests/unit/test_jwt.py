@@ -22,7 +22,7 @@ import pytest
 from joserfc import jws, jwt
 from joserfc.jwk import ECKey, KeySet, OKPKey, RSAKey
 
-from app.auth.jwt import JwtVerifier
+from app.auth.jwt import JwksSource, JwtVerifier
 from app.auth.principal import Scope
 from app.core.errors import IdentityProviderUnavailable, Unauthenticated
 from app.core.settings import AuthMode, Settings
@@ -258,3 +258,40 @@ async def test_concurrent_first_requests_share_one_fetch(jwks: Jwks) -> None:
     principals = await asyncio.gather(*(verifier.verify(good) for _ in range(20)))
     assert {p.subject for p in principals} == {"user-1"}
     assert jwks.fetches == 1
+
+
+async def test_aclose_ends_a_refresh_that_lost_its_cancellation(jwks: Jwks) -> None:
+    """The background refresh stops even when a fetch swallows the first cancel.
+
+    On Python 3.11 ``asyncio.wait_for`` can lose a cancellation that lands as the awaited
+    call completes (CPython gh-86296, app/core/tasks.py); a refresh loop cancelled once
+    then ran on after the API's shutdown. The fake fetch below loses the first one.
+    """
+    source = JwksSource(settings_for(jwks.url, jwks_refresh_interval_seconds=60))
+    fetching = asyncio.Event()
+    lost = 0
+
+    async def refresh() -> bool:
+        nonlocal lost
+        fetching.set()
+        try:
+            await asyncio.sleep(3600)
+        except asyncio.CancelledError:
+            if lost:
+                raise
+            lost += 1  # swallowed, as wait_for can
+        return True
+
+    source.refresh = refresh  # type: ignore[method-assign]
+    source.start()
+    await asyncio.wait_for(fetching.wait(), 10)
+    task = source._task
+    assert task is not None
+    # Waited on, not wait_for'd: a timeout's own cancel would end the refresh for us.
+    closing = asyncio.create_task(source.aclose())
+    done, _ = await asyncio.wait([closing], timeout=10)
+    if not done:  # the defect: clean up before failing
+        task.cancel()
+        await asyncio.gather(closing, return_exceptions=True)
+    assert closing in done, "aclose did not return while the refresh ran on"
+    assert task.done() and lost == 1
