@@ -93,22 +93,28 @@ _log = structlog.get_logger("treadle.db")
 _pooler_mistake_logged = False
 
 
-def _name_pooler_mistake(context: ExceptionContext) -> None:
-    """SQLAlchemy ``handle_error`` hook: name a transaction pooler that needs the setting.
+def note_pooler_mistake(exc: BaseException) -> None:
+    """Log one error naming ``TREADLE_DB_POOLER=transaction`` if ``exc`` is a pooler's mistake.
 
     A pooler put in front after start, or one told to ignore the ``statement_timeout``
     startup parameter, shows only as scattered prepared-statement errors (see
     :func:`app.db.faults.pooler_mistake`); the first one a process meets is logged as one
-    error naming ``TREADLE_DB_POOLER=transaction``, once per process, so the fix is not
-    buried in per-request 503s or released runs. The error itself propagates unchanged.
+    error naming the setting, once per process, so the fix is not buried in per-request
+    503s or released runs. Called for every failed statement, by SQLAlchemy's
+    ``handle_error`` hook and by the raw driver's statements (app/db/raw.py); never raises.
     """
     global _pooler_mistake_logged
     if _pooler_mistake_logged:
         return
-    mistake = pooler_mistake(context.original_exception)
+    mistake = pooler_mistake(exc)
     if mistake is not None:
         _pooler_mistake_logged = True
         _log.error(mistake)
+
+
+def _name_pooler_mistake(context: ExceptionContext) -> None:
+    """SQLAlchemy ``handle_error`` hook: :func:`note_pooler_mistake`; the error propagates."""
+    note_pooler_mistake(context.original_exception)
 
 
 class Database:

@@ -43,6 +43,10 @@ fault                      raised when                                         r
                            timeout (``SQLITE_BUSY`` / ``SQLITE_LOCKED``)
 ========================== =================================================== ========
 
+The hot statements that run on asyncpg directly (app/db/raw.py) raise asyncpg's errors
+unwrapped; :func:`classify` names those by the same rules (their SQLSTATE; asyncpg's
+``connection is closed`` as a dropped connection).
+
 What is **the caller's fault** is an explicit list (:data:`CALLER_FAULT_CLASSES`,
 :data:`CALLER_FAULT_SQLSTATES`, :data:`CALLER_FAULT_SQLITE`): the statement or its data is
 wrong (syntax, a missing table, a constraint violation, a bad value, a ``RAISE`` of
@@ -299,17 +303,44 @@ def classify(exc: BaseException) -> DbFault | None:
     if isinstance(exc, ConnectionError):
         # Raised by the driver before SQLAlchemy wraps anything (connection refused).
         return DbFault.UNAVAILABLE
+    return _classify_asyncpg(exc)
+
+
+def _classify_asyncpg(exc: BaseException) -> DbFault | None:
+    """The fault of an error asyncpg raised unwrapped (app/db/raw.py), as :func:`classify`.
+
+    A server error carries its SQLSTATE (a dropped connection too: asyncpg's
+    ``ConnectionDoesNotExistError`` is 08003); a statement sent on a connection asyncpg
+    already closed is its ``InterfaceError("connection is closed")``, the message
+    SQLAlchemy's asyncpg dialect also reads as a disconnect. Any other client-side error
+    (a value asyncpg cannot encode, a misuse) is a bug to surface, as it is when
+    SQLAlchemy wraps it.
+    """
+    asyncpg = sys.modules.get("asyncpg")
+    if asyncpg is None:
+        return None
+    if isinstance(exc, asyncpg.PostgresError):
+        sqlstate = getattr(exc, "sqlstate", None)
+        if isinstance(sqlstate, str) and len(sqlstate) == 5:
+            return classify_sqlstate(sqlstate)
+        return DbFault.OTHER
+    if isinstance(exc, asyncpg.InterfaceError) and "connection is closed" in str(exc):
+        return DbFault.UNAVAILABLE
     return None
 
 
 def describe(exc: BaseException) -> str:
     """A one-line description of ``exc`` without SQL text or statement parameters.
 
-    For a failed statement (``sqlalchemy.exc.StatementError``): the driver's first line,
-    with the SQLSTATE when there is one, e.g. ``duplicate key value violates unique
-    constraint "probe_pkey" (SQLSTATE 23505)``. Anything else: ``str(exc)``.
+    For a failed statement (``sqlalchemy.exc.StatementError``, or asyncpg's own error
+    from app/db/raw.py): the driver's first line, with the SQLSTATE when there is one,
+    e.g. ``duplicate key value violates unique constraint "probe_pkey" (SQLSTATE
+    23505)``. Anything else: ``str(exc)``.
     """
     if not isinstance(exc, StatementError):
+        code = getattr(exc, "sqlstate", None)  # asyncpg's own error (app/db/raw.py)
+        if isinstance(code, str) and str(exc).strip():
+            return f"{str(exc).strip().splitlines()[0]} (SQLSTATE {code})"
         return str(exc)
     orig = exc.orig
     if orig is None:

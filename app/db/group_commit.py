@@ -46,6 +46,7 @@ from app.core.status import EventKind, RunStatus, StepStatus
 from app.db.faults import DbFault, classify
 from app.db.queries import checkpoints as checkpoints_q
 from app.db.queries.runs import LEASED_STATUSES
+from app.db.raw import RawStatement
 
 if TYPE_CHECKING:
     from app.db.database import Database
@@ -80,6 +81,11 @@ class BatchKind:
     columns: tuple[tuple[str, str], ...]
     single: Single
     constants: Mapping[str, Any] = field(default_factory=dict)
+    raw: RawStatement = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        # Compiled once, here: the batch runs on asyncpg directly (app/db/raw.py).
+        object.__setattr__(self, "raw", RawStatement.of(self.batch))
 
 
 def _kind_sql(columns: tuple[tuple[str, str], ...], body: str) -> TextClause:
@@ -499,9 +505,9 @@ class GroupCommitter:
         params: dict[str, Any] = dict(kind.constants)
         for name, _ in kind.columns:
             params[name] = [p.params[name] for p in rows]
-        result = await conn.execute(kind.batch, params)
+        held = await kind.raw.fetch(conn, params)
         # Keys as text: the driver's UUID type and uuid.UUID need not compare equal.
-        return {(str(r[0]), int(r[1])): bool(r[2]) for r in result.all()}
+        return {(str(r[0]), int(r[1])): bool(r[2]) for r in held}
 
     async def drain(self) -> None:
         """Send what waits and wait for every batch in flight (shutdown, tests)."""
