@@ -265,7 +265,7 @@ def worker(
 ) -> None:
     """Run a worker executing the workflows defined in ``--handlers`` modules."""
     from app.cli.ready import worker_line
-    from app.core import tracing
+    from app.core import heap, tracing
     from app.core.logging import configure_logging
     from app.worker.worker import Worker, run_worker
 
@@ -281,6 +281,7 @@ def worker(
 
     def ready(w: Worker) -> None:
         keys = [f"{n}@{v}" for n, v in w.registry.keys]
+        heap.settle()  # started: what is alive now lives as long as the process
         typer.echo(worker_line(w.worker_id, settings.database_url, keys, w.concurrency))
 
     try:

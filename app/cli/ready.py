@@ -15,6 +15,7 @@ import uvicorn
 from sqlalchemy.engine import make_url
 
 from app.api.server import TreadleServer
+from app.core import heap
 from app.core.settings import AuthMode, Settings
 
 
@@ -76,4 +77,5 @@ class AnnouncingServer(TreadleServer):
         """Start as uvicorn does; then, if started, print the ready line."""
         await super().startup(sockets=sockets)
         if self.started:
+            heap.settle()  # started: what is alive now lives as long as the process
             typer.echo(self.line)
