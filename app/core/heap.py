@@ -17,7 +17,7 @@ Cycles made afterwards are still collected as before.
 Called by ``treadle worker`` once it has registered (before its first claim) and by
 ``treadle serve`` once uvicorn has started: the processes that run for days. Not by
 library code (``create_app``, ``Worker``), which tests build and drop by the hundred in one
-process: what is frozen there is never freed.
+process: what is frozen there is never freed (docs/adr/0046-settled-heap.md).
 """
 
 from __future__ import annotations
