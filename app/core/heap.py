@@ -4,8 +4,8 @@ CPython's cyclic collector walks every tracked object of the generation it colle
 full (oldest-generation) collection walks them all: in a started worker that is every
 module, class, function and SQLAlchemy construct imported at start-up, hundreds of
 thousands of objects that live as long as the process. Measured in one worker draining
-15,000 one-step runs (4 Dec 2026, ``gc.callbacks`` timing each collection): 15 full
-collections took 0.91 s of its 7.5 s of CPU (12 %), all collections 1.3 s (17 %)
+15,000 one-step runs (4 Dec 2026, ``gc.callbacks`` timing each collection): 14 full
+collections took 0.81 s of its 7.5 s of CPU (11 %), all collections 1.19 s (16 %)
 (docs/benchmarks.md, "4 Dec 2026").
 
 :func:`settle` is the standard remedy (the ``gc.freeze`` documentation; Instagram's

@@ -88,18 +88,23 @@ class RawStatement:
     ) -> Sequence[Sequence[Any]]:
         """Run the statement on ``conn``'s asyncpg connection and return its rows.
 
-        ``conn`` is used as it is: in autocommit the statement is its own transaction,
-        inside ``conn.begin()`` it joins that one (SQLAlchemy's asyncpg adapter begins
-        its transaction lazily, at its first statement, so call this only in autocommit,
-        or after a statement through SQLAlchemy opened the transaction).
+        ``conn`` must be in autocommit (``Database.autocommit``): the statement is its own
+        transaction. Inside ``conn.begin()`` it would not join that transaction, since
+        SQLAlchemy's asyncpg adapter sends its ``BEGIN`` lazily, with its own first
+        statement, so that is refused rather than left to chance.
 
         Returns:
             asyncpg ``Record`` rows (index them by position or column name).
 
         Raises:
+            ValueError: ``conn`` is not in autocommit.
             asyncpg's error, unwrapped (:func:`app.db.faults.classify` names its fault);
             on a disconnect the connection is invalidated first (see the module).
         """
+        if conn.sync_connection is None or (
+            conn.sync_connection.get_execution_options().get("isolation_level") != "AUTOCOMMIT"
+        ):
+            raise ValueError("RawStatement.fetch needs an autocommit connection")
         fairy = await conn.get_raw_connection()
         driver = fairy.driver_connection
         assert driver is not None  # a checked-out connection always has one

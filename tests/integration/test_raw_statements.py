@@ -154,3 +154,11 @@ async def test_a_closed_connection_is_a_fault_not_a_bug(db: Database) -> None:
         assert (
             await conn.execute(text("SELECT CAST(:r AS uuid)"), {"r": run_id})
         ).scalar() == run_id
+
+
+@PG_ONLY
+async def test_refuses_a_connection_in_a_transaction(db: Database) -> None:
+    # The adapter's BEGIN would come after the raw statement: it would commit on its own.
+    async with db.write() as conn:
+        with pytest.raises(ValueError, match="autocommit"):
+            await ECHO.fetch(conn, {"n": [1], "label": ["a"], "tag": ""})
