@@ -56,7 +56,8 @@ SCHEDULE_TO_START = Histogram(
 GROUP_COMMIT_ROWS = Histogram(
     "treadle_group_commit_rows",
     "Rows per group commit of a worker's checkpoints (app/db/group_commit.py), by kind "
-    "(start_attempt, record_success, complete_run); 1 is a write that found no company.",
+    "(start_attempt, record_success, step_done, complete_run, complete_with_step); 1 is a "
+    "write that found no company.",
     ["kind"],
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256, 1024),
 )

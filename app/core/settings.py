@@ -419,6 +419,16 @@ class Settings(BaseSettings):
         "0 writes it before every attempt, as SQLite always does "
         "(docs/adr/0040-one-commit-per-step.md).",
     )
+    step_result_hold_seconds: float = Field(
+        default=0.02,
+        ge=0.0,
+        le=1.0,
+        description="A plain step's result is held while the workflow's own code runs on "
+        "after it, and written with the run's next write (the next step, a wait, the "
+        "outcome: a run's last step commits with its completion), or alone once held "
+        "this long; 0 writes every result before the workflow resumes "
+        "(docs/adr/0047-held-step-results.md).",
+    )
     lease_ttl_seconds: float = Field(default=30.0, ge=1.0, le=3600.0)
     heartbeat_interval_seconds: float = Field(default=10.0, gt=0.0)
     poll_interval_seconds: float = Field(default=1.0, ge=0.01, le=60.0)

@@ -91,6 +91,9 @@ class BatchKind:
 def _kind_sql(columns: tuple[tuple[str, str], ...], body: str) -> TextClause:
     """``body`` with ``{prelude}`` replaced by two CTEs every kind starts with.
 
+    ``{webhooks}``, if present, becomes the ``webhooks`` CTE of a kind that ends runs
+    (:data:`app.db.queries.checkpoints.WEBHOOKS_CTE`, over its ``finished`` CTE).
+
     ``input`` is the unnested rows (one column per ``columns`` entry). ``locked`` is the
     run rows whose ``(tenant_id, run_id, fence)`` is among the input's and whose status
     is still leased, locked in ``run_id`` order; ``FOR UPDATE`` re-checks the condition on the
@@ -111,7 +114,9 @@ locked AS (
     ORDER BY r.run_id
     FOR UPDATE
 )"""
-    return text(body.replace("{prelude}", prelude))
+    return text(
+        body.replace("{prelude}", prelude).replace("{webhooks}", checkpoints_q.WEBHOOKS_CTE)
+    )
 
 
 _START_COLUMNS = (
@@ -312,18 +317,7 @@ finished AS (
 timeline AS (
     INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
     SELECT run_id, tenant_id, now(), :event_kind, NULL, NULL, NULL FROM finished
-),
--- The runs' webhook deliveries, matched as app/db/queries/webhooks.py record_terminal does.
-webhooks AS (
-    INSERT INTO webhook_deliveries (delivery_id, tenant_id, endpoint_id, run_id, workflow,
-                                    run_status, run_reason, finished_at, state, attempts,
-                                    next_attempt_at, fence, created_at, updated_at)
-    SELECT gen_random_uuid(), f.tenant_id, e.endpoint_id, f.run_id, f.workflow, f.status,
-           f.reason, f.finished_at, 'pending', 0, now(), 0, now(), now()
-    FROM finished f JOIN webhook_endpoints e
-      ON e.tenant_id = f.tenant_id AND e.events LIKE '%,' || f.status || ',%'
-     AND (e.workflow IS NULL OR e.workflow = f.workflow)
-)
+),{webhooks}
 SELECT run_id, fence, FALSE FROM finished""",
     ),
     single=checkpoints_q.complete_run,
@@ -334,6 +328,70 @@ SELECT run_id, fence, FALSE FROM finished""",
     },
 )
 """A run's bare completion (:func:`app.db.queries.checkpoints.complete_run`, row by row)."""
+
+_DONE_COMPLETE_COLUMNS = (*_DONE_COLUMNS, ("run_output", "text[]"))
+
+COMPLETE_WITH_STEP = BatchKind(
+    name="complete_with_step",
+    columns=_DONE_COMPLETE_COLUMNS,
+    batch=_kind_sql(
+        _DONE_COMPLETE_COLUMNS,
+        """WITH {prelude},
+finished AS (
+    UPDATE runs SET status = :status, reason = :reason, output = i.run_output, error = NULL,
+                    lease_owner = NULL, lease_expires_at = NULL, available_at = NULL,
+                    blocked_reason = NULL, finished_at = now(), updated_at = now(),
+                    lost_claims = 0
+    FROM locked l
+    JOIN input i ON i.tenant_id = l.tenant_id AND i.run_id = l.run_id AND i.fence = l.fence
+    WHERE runs.tenant_id = l.tenant_id AND runs.run_id = l.run_id
+    RETURNING runs.run_id, runs.tenant_id, runs.workflow, runs.status, runs.reason,
+              runs.finished_at, l.fence
+),
+rows AS (
+    SELECT i.*, LEAST(i.started_at, now()) AS began
+    FROM input i
+    JOIN finished f ON f.tenant_id = i.tenant_id AND f.run_id = i.run_id AND f.fence = i.fence
+),
+journal AS (
+    INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt,
+                       max_attempts, output, fence, next_attempt_at, detail, created_at,
+                       started_at, finished_at)
+    SELECT run_id, step_id, tenant_id, seq, kind, name, :step_status, attempt,
+           max_attempts, output, fence, NULL, detail, now(), began, now()
+    FROM rows
+    ON CONFLICT (tenant_id, run_id, step_id) DO UPDATE SET
+        status = excluded.status, attempt = excluded.attempt, output = excluded.output,
+        error = NULL, started_at = excluded.started_at, finished_at = excluded.finished_at,
+        fence = excluded.fence, next_attempt_at = NULL, detail = excluded.detail
+    RETURNING run_id
+),
+-- Each row's three events from one INSERT, in timeline order (see checkpoints.step_done).
+timeline AS (
+    INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
+    SELECT r.run_id, r.tenant_id, e.at, e.kind, e.step_id, NULL, e.data
+    FROM rows r CROSS JOIN LATERAL (VALUES
+        (1, r.began, CAST(:started_kind AS varchar), r.step_id, r.started_data),
+        (2, now(), CAST(:event_kind AS varchar), r.step_id, r.event_data),
+        (3, now(), CAST(:run_event_kind AS varchar), CAST(NULL AS text), CAST(NULL AS text))
+    ) AS e (n, at, kind, step_id, data)
+    ORDER BY r.run_id, e.n
+),{webhooks}
+SELECT run_id, fence, FALSE FROM finished""",
+    ),
+    single=checkpoints_q.complete_with_step,
+    constants={
+        "status": RunStatus.COMPLETED.value,
+        "reason": "succeeded",
+        "step_status": StepStatus.SUCCEEDED.value,
+        "started_kind": EventKind.STEP_STARTED.value,
+        "event_kind": EventKind.STEP_SUCCEEDED.value,
+        "run_event_kind": EventKind.RUN_COMPLETED.value,
+    },
+)
+"""A run's last step (a whole quick attempt) and its bare completion
+(:func:`app.db.queries.checkpoints.complete_with_step`, row by row;
+docs/adr/0047-held-step-results.md)."""
 
 
 @dataclass(frozen=True)

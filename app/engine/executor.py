@@ -28,7 +28,7 @@ from pydantic import TypeAdapter, ValidationError
 from sqlalchemy import RowMapping
 
 from app.core import json, metrics, tracing
-from app.core.errors import CeilingExceeded, InvalidInput, PayloadTooLarge
+from app.core.errors import CeilingExceeded, InvalidInput, LeaseLost, PayloadTooLarge
 from app.core.settings import Settings
 from app.core.status import RunReason, RunStatus, StepStatus
 from app.db.database import Database
@@ -232,6 +232,13 @@ class RunExecution:
         try:
             outcome = await self._advance()
             await self.journal.flush()
+        except asyncio.CancelledError:
+            # Stopped (a drain past its grace): a step result still held is written before
+            # the run is given back, so the step is not run again; a write that cannot be
+            # made leaves the step to its next claim, as a crash would.
+            with contextlib.suppress(Exception, LeaseLost):
+                await self.journal.release_held()
+            raise
         finally:
             await self.emitter.close()
         return outcome
@@ -731,6 +738,9 @@ class RunExecution:
         transactional: bool,
     ) -> Any:
         if transactional:
+            # A parallel branch's held result first: the step's transaction is a write of
+            # the run, and runs after every result journaled before it.
+            await self.journal.release_held()
             # One transaction for the user's writes and the checkpoint: see transactions.py.
             return await transactions.attempt(
                 self,

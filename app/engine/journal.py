@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
@@ -120,6 +121,9 @@ class RunJournal:
         # Held start records being written (write_deferred_start): the run's outcome
         # waits for them, so a branch cut short while its start was in flight is listed.
         self._starting: set[asyncio.Task[None]] = set()
+        # The step result being held (record_attempt), written before the run's next write
+        # or with its outcome (docs/adr/0047-held-step-results.md).
+        self._held: _HeldResult | None = None
         # The waits' writes (timers, signals, approvals, values, labels, children).
         self.waits = WaitJournal(self)
         # Pause news: (time.monotonic() when the write was sent, paused?) of the newest
@@ -159,6 +163,9 @@ class RunJournal:
     ) -> object:
         """Run ``fn`` in a write transaction that first verifies our fence.
 
+        A step result still held (:meth:`record_attempt`) is written first, on its own:
+        nothing is journaled after a step before the step's own result.
+
         Returns what the form that committed returned: the pause news of ``single`` or
         ``grouped`` where those read it (a bool), else None.
 
@@ -182,14 +189,29 @@ class RunJournal:
             CheckpointFault: a transient database fault (unreachable, pool or statement
                 timeout, conflicts past the retries); nothing was written.
         """
+        await self.release_held()
+        return await self._write_now(fn, single=single, grouped=grouped, what=what)
+
+    async def _write_now(
+        self,
+        fn: Callable[[AsyncConnection], Awaitable[None]],
+        *,
+        single: Callable[[AsyncConnection], Awaitable[object]] | None = None,
+        grouped: group_commit.Grouped | None = None,
+        what: str = "checkpoint",
+        riders: _Riders | None = None,
+    ) -> object:
+        # _write without the held result; ``riders`` taken already (a held result's,
+        # taken when its step finished), else taken now after the step emits' flush.
         # Pause news is the newest write's: a write that reads no paused_at (SQLite, a
         # rider, any other kind) leaves the next pause point to read for itself.
         self._pause_news = None
-        if self._emitter is not None:
-            # Step emits made so far first (their own fenced write): a step's emits
-            # precede its result, and a parallel branch's are not held behind this one.
-            await self._emitter.flush_steps()
-        riders = self._take_riders()
+        if riders is None:
+            if self._emitter is not None:
+                # Step emits made so far first (their own fenced write): a step's emits
+                # precede its result, and a parallel branch's are not held behind this one.
+                await self._emitter.flush_steps()
+            riders = self._take_riders()
 
         async def checkpoint(conn: AsyncConnection) -> None:
             await runs_q.check_fence(conn, self.run_id, self.fence, tenant_id=self.tenant_id)
@@ -258,9 +280,12 @@ class RunJournal:
     async def append_step_emits(self, emits: list[events_q.Emit]) -> None:
         """Append a batch of step emits in a fenced transaction of its own (see :meth:`_write`).
 
+        A held step result is written first (:meth:`release_held`).
+
         Raises:
             LeaseLost: the fence moved. CheckpointFault: a transient database fault.
         """
+        await self.release_held()
         # An emitting step's start record goes first, so its step_started precedes its
         # emits in the timeline; taken now (not inside the retried body), put back if the
         # write fails.
@@ -325,7 +350,7 @@ class RunJournal:
             return await events_q.counts_for_run(conn, self.run_id, tenant_id=self.tenant_id)
 
     async def is_paused(self) -> bool:
-        """Whether an operator paused the run.
+        """Whether an operator paused the run (after writing a held step result).
 
         The pause news of this claim's newest write that read ``paused_at`` (the claim,
         a step's result on PostgreSQL) answers when that write was sent less than
@@ -335,6 +360,9 @@ class RunJournal:
         Raises:
             CheckpointFault: the read met a transient database fault.
         """
+        # A held step result is written first: no new step starts before it is committed,
+        # and its write brings fresh pause news.
+        await self.release_held()
         news = self._pause_news
         if news is not None and time.monotonic() - news[0] < PAUSE_NEWS_SECONDS:
             return news[1]
@@ -542,25 +570,68 @@ class RunJournal:
         """Journal a step attempt's result (``output``: encoded JSON text), with its start.
 
         If the start record is still held (:meth:`defer_start`), start and result are one
-        write, ``step_started`` then ``step_succeeded``; otherwise this is
-        :meth:`record_success`. Step emits made so far are written first either way (an
-        emit writes the held start record with it).
+        write, ``step_started`` then ``step_succeeded``; otherwise the result alone with
+        ``step_succeeded``. Step emits made so far are written first either way (an emit
+        writes the held start record with it).
+
+        With ``TREADLE_STEP_RESULT_HOLD_SECONDS`` above 0 the write is held, not sent:
+        this returns at once, and the result is written before the run's next write
+        (:meth:`release_held`), with the run's outcome (:meth:`settle`: a run's last step
+        commits with its completion), or alone when the hold is up. A result held before
+        this one (a parallel branch's) is written first. See
+        docs/adr/0047-held-step-results.md.
 
         Raises:
-            LeaseLost: the fence moved. CheckpointFault: a transient database fault.
+            LeaseLost: the fence moved. CheckpointFault: a transient database fault (of
+                this write, or of the held result written before it).
         """
         if self._emitter is not None:
             await self._emitter.flush_steps()
+        while self._held is not None:
+            await self.release_held()
+        result = self._result_write(step_id=step_id, attempt=attempt, output=output)
+        self._deferred.pop(step_id, None)
+        hold = self.settings.step_result_hold_seconds
+        if hold <= 0:
+            await self._commit_result(result)
+            return
+        # What rides on the step's write today (lines and emits made before its result)
+        # rides on the held one, so the timeline keeps its order: anything the workflow
+        # logs or emits after this step follows the step's events.
+        result.riders = self._take_riders()
+        result.timer = asyncio.get_running_loop().call_later(hold, self._send_held, result)
+        self._held = result
+
+    def _result_write(self, *, step_id: str, attempt: int, output: str) -> _HeldResult:
+        # The write of a step's result in its three forms: multi-statement rows, single
+        # statement, group-commit row (the whole attempt when its start is still held).
         args = self._deferred.get(step_id)
         if args is None:
-            await self.record_success(step_id=step_id, attempt=attempt, output=output)
-            return
 
-        async def rows(conn: AsyncConnection) -> None:
+            async def success(conn: AsyncConnection) -> None:
+                await self._success_rows(conn, step_id=step_id, attempt=attempt, output=output)
+
+            params: dict[str, Any] = {
+                "run_id": self.run_id,
+                "tenant_id": self.tenant_id,
+                "fence": self.fence,
+                "step_id": step_id,
+                "output": output,
+                "event_data": json.dumps({"attempt": attempt}),
+            }
+
+            async def record(conn: AsyncConnection) -> bool:
+                return await checkpoints_q.record_success(conn, **params)
+
+            return _HeldResult(
+                step_id, success, record, group_commit.Grouped(group_commit.RECORD_SUCCESS, params)
+            )
+
+        async def whole(conn: AsyncConnection) -> None:
             await self._start_rows(conn, **args)
             await self._success_rows(conn, step_id=step_id, attempt=attempt, output=output)
 
-        params: dict[str, Any] = {
+        done: dict[str, Any] = {
             "run_id": self.run_id,
             "tenant_id": self.tenant_id,
             "fence": self.fence,
@@ -571,46 +642,70 @@ class RunJournal:
         }
 
         async def statement(conn: AsyncConnection) -> bool:
-            return await checkpoints_q.step_done(conn, **params)
+            return await checkpoints_q.step_done(conn, **done)
 
+        return _HeldResult(
+            step_id,
+            whole,
+            statement,
+            group_commit.Grouped(group_commit.STEP_DONE, done),
+            whole_attempt=done,
+        )
+
+    async def _commit_result(self, result: _HeldResult) -> None:
         sent = time.monotonic()
-        news = await self._write(
-            rows, single=statement, grouped=group_commit.Grouped(group_commit.STEP_DONE, params)
+        news = await self._write_now(
+            result.rows, single=result.single, grouped=result.grouped, riders=result.riders
         )
         self._note_pause_news(sent, news)
-        del self._deferred[step_id]
         self.lost_claims = 0
 
-    async def record_success(self, *, step_id: str, attempt: int, output: str) -> None:
-        """Journal a step's result (``output``: encoded JSON text) with ``step_succeeded``.
+    def _send_held(self, result: _HeldResult) -> None:
+        # The hold is up (a call_later callback): the result goes alone, now.
+        if self._held is result and result.sending is None:
+            result.sending = asyncio.ensure_future(self._commit_held(result))
+            result.sending.add_done_callback(_retrieved)
+
+    async def _commit_held(self, result: _HeldResult) -> None:
+        await self._commit_result(result)
+        if self._held is result:
+            self._held = None
+
+    async def release_held(self) -> None:
+        """Write the held step result now, if one is held (or wait for its write).
+
+        Called before every other write of the run and by :meth:`is_paused`: nothing is
+        journaled after a step, and no new step starts, before that step's result is
+        committed. A held write that failed raises its error to every caller until the
+        run is given up.
 
         Raises:
             LeaseLost: the fence moved. CheckpointFault: a transient database fault.
         """
+        result = self._held
+        if result is None:
+            return
+        if result.sending is None:
+            if result.timer is not None:
+                result.timer.cancel()
+            result.sending = asyncio.ensure_future(self._commit_held(result))
+            result.sending.add_done_callback(_retrieved)
+        # Shielded: a caller cancelled while it waits does not cut the write short.
+        await asyncio.shield(result.sending)
 
-        async def rows(conn: AsyncConnection) -> None:
-            await self._success_rows(conn, step_id=step_id, attempt=attempt, output=output)
-
-        params: dict[str, Any] = {
-            "run_id": self.run_id,
-            "tenant_id": self.tenant_id,
-            "fence": self.fence,
-            "step_id": step_id,
-            "output": output,
-            "event_data": json.dumps({"attempt": attempt}),
-        }
-
-        async def statement(conn: AsyncConnection) -> bool:
-            return await checkpoints_q.record_success(conn, **params)
-
-        sent = time.monotonic()
-        news = await self._write(
-            rows,
-            single=statement,
-            grouped=group_commit.Grouped(group_commit.RECORD_SUCCESS, params),
-        )
-        self._note_pause_news(sent, news)
-        self.lost_claims = 0
+    async def _take_held(self) -> _HeldResult | None:
+        # The held result, unsent, for the outcome's write to carry; or None once any
+        # write of it is done (awaited here: the outcome never precedes it).
+        result = self._held
+        if result is None:
+            return None
+        if result.sending is None:
+            if result.timer is not None:
+                result.timer.cancel()
+            self._held = None
+            return result
+        await self.release_held()
+        return None
 
     def _note_pause_news(self, sent: float, news: object) -> None:
         # A bool when the statement read paused_at (PostgreSQL's single statement or its
@@ -806,9 +901,12 @@ class RunJournal:
         once if a wake check finds the wait satisfied already (the run row is locked by
         the release, so a signal or decision that raced it is seen). A terminal outcome
         writes the run's webhook deliveries, hands its concurrency slot to the oldest
-        waiter and wakes a joined parent, in the same transaction. A completion with no
-        slot and no parent is one statement on PostgreSQL
-        (:func:`app.db.queries.checkpoints.commit`).
+        waiter and wakes a joined parent, in the same transaction. A step result still
+        held (:meth:`record_attempt`) is written first in the same write, so a run's last
+        step commits with its outcome. A completion with no slot and no parent is one
+        statement on PostgreSQL (:func:`app.db.queries.checkpoints.commit`), its last
+        step's whole attempt included when that was held with nothing riding on it
+        (:func:`app.db.queries.checkpoints.complete_with_step`).
 
         Faults are not turned into ``CheckpointFault`` here: the caller gives the run
         back on any classified fault alike.
@@ -820,11 +918,18 @@ class RunJournal:
             # Start records of branches cut short, still being written: committed (or
             # refused) before the outcome, never after it (write_deferred_start).
             await asyncio.gather(*self._starting, return_exceptions=True)
+        # The result still held (the run's last step): written by this same write.
+        held = await self._take_held()
         run = self.run
         run_id, tenant_id, fence = self.run_id, self.tenant_id, self.fence
 
         async def write(conn: AsyncConnection) -> None:
             # Re-run whole after a conflict: nothing outside the database changes in here.
+            if held is not None:
+                await runs_q.check_fence(conn, run_id, fence, tenant_id=tenant_id)
+                if held.riders is not None:
+                    await self._rider_rows(conn, held.riders)
+                await held.rows(conn)
             if isinstance(outcome, Completed):
                 await runs_q.finish_run(
                     conn,
@@ -857,39 +962,29 @@ class RunJournal:
             ):
                 await notify(conn)
 
-        async def complete_alone(conn: AsyncConnection) -> None:
-            assert isinstance(outcome, Completed)
-            await checkpoints_q.complete_run(
-                conn, run_id=run_id, tenant_id=tenant_id, fence=fence, output=outcome.output
-            )
-
-        # Nothing else changes with this outcome: one self-fencing statement where allowed.
-        alone = (
-            complete_alone
-            if isinstance(outcome, Completed)
+        # Nothing else changes with this outcome: one self-fencing statement where allowed
+        # (with the held result when that is a whole quick attempt with nothing riding).
+        statement: Callable[[AsyncConnection], Awaitable[object]] | None = None
+        grouped: group_commit.Grouped | None = None
+        if (
+            isinstance(outcome, Completed)
             and run["concurrency_slot"] is None
             and run["parent_run_id"] is None
-            else None
-        )
+        ):
+            bare = {"run_id": run_id, "tenant_id": tenant_id, "fence": fence}
+            if held is None:
+                params: dict[str, Any] = {**bare, "output": outcome.output}
+                statement = functools.partial(checkpoints_q.complete_run, **params)
+                grouped = group_commit.Grouped(group_commit.COMPLETE_RUN, params)
+            elif held.whole_attempt is not None and (held.riders is None or held.riders.empty):
+                params = {**held.whole_attempt, "run_output": outcome.output}
+                statement = functools.partial(checkpoints_q.complete_with_step, **params)
+                grouped = group_commit.Grouped(group_commit.COMPLETE_WITH_STEP, params)
         await checkpoints_q.commit(
-            self.db,
-            write,
-            statement=alone,
-            grouped=(
-                group_commit.Grouped(
-                    group_commit.COMPLETE_RUN,
-                    {
-                        "run_id": run_id,
-                        "tenant_id": tenant_id,
-                        "fence": fence,
-                        "output": outcome.output,
-                    },
-                )
-                if alone is not None and isinstance(outcome, Completed)
-                else None
-            ),
-            what="run outcome",
+            self.db, write, statement=statement, grouped=grouped, what="run outcome"
         )
+        if held is not None:
+            self.lost_claims = 0
         story_log.run_outcome(outcome)
         if isinstance(outcome, Completed):
             metrics.RUNS_FINISHED.labels(run["workflow"], "completed", "succeeded").inc()
@@ -1047,6 +1142,28 @@ class RunJournal:
             return False
         story_log.given_back(why, delay)
         return True
+
+
+@dataclass(slots=True, eq=False)
+class _HeldResult:
+    """A step result's write, in its forms, while it is held (RunJournal.record_attempt).
+
+    ``rows`` is the multi-statement form (no fence check: the enclosing write's), ``single``
+    and ``grouped`` the self-fencing statement and its group-commit row; ``whole_attempt``
+    the parameters of :func:`app.db.queries.checkpoints.step_done` when start and result
+    go together (the form a bare completion can carry in one statement). ``riders``: what
+    rode on it, taken when the step finished; ``timer`` sends it when the hold is up;
+    ``sending``: its write, once sent.
+    """
+
+    step_id: str
+    rows: Callable[[AsyncConnection], Awaitable[None]]
+    single: Callable[[AsyncConnection], Awaitable[object]]
+    grouped: group_commit.Grouped
+    whole_attempt: dict[str, Any] | None = None
+    riders: _Riders | None = None
+    timer: asyncio.TimerHandle | None = None
+    sending: asyncio.Future[None] | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -204,6 +204,107 @@ async def test_whole_attempts_batch_with_their_start_time_and_events_in_order(
 
 
 @WITH_PGBOUNCER
+async def test_last_steps_with_completions_batch_like_their_single_form(
+    settings: Settings, db: Database
+) -> None:
+    """``complete_with_step`` rows (a last step held for the outcome, ADR 0047), one stale.
+
+    The batch and the single statement leave the same rows: the step ``succeeded`` with
+    its output, ``step_started``, ``step_succeeded`` and ``run_completed`` in that order,
+    the run ``completed`` with its own output and no lease, lost claims reset, one
+    webhook delivery per matching endpoint. The stale row gets ``LeaseLost`` and writes
+    nothing at all.
+    """
+    from datetime import UTC, datetime, timedelta
+
+    from app.db.tables import webhook_deliveries, webhook_endpoints
+
+    _pg_only(db)
+    claimed = await _claimed(db, settings, 5)
+    async with db.write() as conn:
+        await conn.execute(
+            runs.update()
+            .where(runs.c.run_id.in_([r["run_id"] for r in claimed]))
+            .values(lost_claims=1)
+        )
+        await conn.execute(
+            webhook_endpoints.insert().values(
+                endpoint_id=uuid.uuid4(),
+                tenant_id=TENANT,
+                url="https://example.invalid/hook",
+                events=",completed,",
+                workflow=None,
+                secret="whsec_dGVzdA==",
+                created_by="t",
+                created_at=datetime.now(UTC),
+            )
+        )
+    stale = claimed[1]
+    await _bump_fence(db, stale["run_id"])
+    began = datetime.now(UTC) - timedelta(seconds=2)
+
+    def row(i: int, r: RowMapping) -> dict[str, Any]:
+        return {
+            **_start(r),
+            "output": f'"step {i}"',
+            "started_at": began,
+            "started_data": '{"attempt":1,"worker_id":"w"}',
+            "run_output": f'"run {i}"',
+        }
+
+    gc = _committer(db)
+    batched = claimed[:4]
+    outcomes = await asyncio.gather(
+        *(gc.submit(group_commit.COMPLETE_WITH_STEP, row(i, r)) for i, r in enumerate(batched)),
+        return_exceptions=True,
+    )
+    assert (gc.batches, gc.largest, gc.fallbacks) == (1, 4, 0)
+    assert isinstance(outcomes[1], LeaseLost)
+    assert [o for i, o in enumerate(outcomes) if i != 1] == [False] * 3
+    async with db.autocommit() as conn:
+        assert not await checkpoints_q.complete_with_step(conn, **row(4, claimed[4]))
+
+    async def state(r: RowMapping) -> tuple[Any, ...]:
+        async with db.read() as conn:
+            run = (
+                await conn.execute(
+                    select(
+                        runs.c.status, runs.c.output, runs.c.lease_owner, runs.c.lost_claims
+                    ).where(runs.c.run_id == r["run_id"])
+                )
+            ).one()
+            journal = (
+                await conn.execute(
+                    select(steps.c.step_id, steps.c.status, steps.c.output, steps.c.attempt).where(
+                        steps.c.run_id == r["run_id"]
+                    )
+                )
+            ).all()
+            deliveries = (
+                await conn.execute(
+                    select(webhook_deliveries.c.run_status).where(
+                        webhook_deliveries.c.run_id == r["run_id"]
+                    )
+                )
+            ).all()
+        return (tuple(run), [tuple(j) for j in journal], [d[0] for d in deliveries])
+
+    for i, r in enumerate(claimed):
+        got = await state(r)
+        kinds = await _event_kinds(db, r["run_id"])
+        if r is stale:
+            assert got == (("running", None, "w1", 1), [], [])
+            assert "step_started" not in kinds and "run_completed" not in kinds
+            continue
+        assert got == (
+            ("completed", f'"run {i}"', None, 0),
+            [("s", "succeeded", f'"step {i}"', 1)],
+            ["completed"],
+        )
+        assert kinds[-3:] == ["step_started", "step_succeeded", "run_completed"]
+
+
+@WITH_PGBOUNCER
 async def test_stale_fence_fails_only_its_own_row(settings: Settings, db: Database) -> None:
     _pg_only(db)
     claimed = await _claimed(db, settings, 5)

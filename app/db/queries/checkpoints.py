@@ -15,7 +15,9 @@ narrows nothing for the right tenant, makes a wrong one match nothing, and route
 statement to one shard on a database distributed by tenant
 (docs/adr/0034-tenant-leading-keys.md).
 A run's completion (:func:`complete_run`) is folded the same way when nothing else
-changes with it (no concurrency slot to hand on, no parent to wake).
+changes with it (no concurrency slot to hand on, no parent to wake), and with its last
+step's result when that was held for it (:func:`complete_with_step`,
+docs/adr/0047-held-step-results.md).
 
 SQLite keeps the multi-statement transaction (an embedded database has no round trips).
 Which form runs is decided in one place, :func:`commit`, the only caller of this module's
@@ -60,7 +62,7 @@ async def commit(
 
     On PostgreSQL, when the write has a single self-fencing form (``statement``: one of
     :func:`start_attempt`, :func:`record_success`, :func:`step_done`,
-    :func:`complete_run`), that statement
+    :func:`complete_run`, :func:`complete_with_step`), that statement
     runs alone on an autocommit connection: one round trip instead of five. Otherwise
     (SQLite, or a write that is more than one statement) ``transaction`` runs in a write
     transaction; it must fence itself (:func:`app.db.queries.runs.check_fence` first, or
@@ -383,6 +385,22 @@ async def record_success(
     return _held_news(result.one(), run_id)
 
 
+WEBHOOKS_CTE = """
+-- The runs' webhook deliveries, matched as app/db/queries/webhooks.py record_terminal does.
+webhooks AS (
+    INSERT INTO webhook_deliveries (delivery_id, tenant_id, endpoint_id, run_id, workflow,
+                                    run_status, run_reason, finished_at, state, attempts,
+                                    next_attempt_at, fence, created_at, updated_at)
+    SELECT gen_random_uuid(), f.tenant_id, e.endpoint_id, f.run_id, f.workflow, f.status,
+           f.reason, f.finished_at, 'pending', 0, now(), 0, now(), now()
+    FROM finished f JOIN webhook_endpoints e
+      ON e.tenant_id = f.tenant_id AND e.events LIKE '%,' || f.status || ',%'
+     AND (e.workflow IS NULL OR e.workflow = f.workflow)
+)"""
+"""The ``webhooks`` CTE of a statement that ends runs: one delivery per matching endpoint
+of each row of its ``finished`` CTE (``run_id, tenant_id, workflow, status, reason,
+finished_at``). Shared by the completions here and in app/db/group_commit.py."""
+
 _COMPLETE = text(
     f"""WITH finished AS (
     UPDATE runs SET status = :status, reason = :reason, output = :output, error = NULL,
@@ -395,18 +413,7 @@ _COMPLETE = text(
 timeline AS (
     INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
     SELECT run_id, tenant_id, now(), :event_kind, NULL, NULL, NULL FROM finished
-),
--- The run's webhook deliveries, matched as app/db/queries/webhooks.py record_terminal does.
-webhooks AS (
-    INSERT INTO webhook_deliveries (delivery_id, tenant_id, endpoint_id, run_id, workflow,
-                                    run_status, run_reason, finished_at, state, attempts,
-                                    next_attempt_at, fence, created_at, updated_at)
-    SELECT gen_random_uuid(), f.tenant_id, e.endpoint_id, f.run_id, f.workflow, f.status,
-           f.reason, f.finished_at, 'pending', 0, now(), 0, now(), now()
-    FROM finished f JOIN webhook_endpoints e
-      ON e.tenant_id = f.tenant_id AND e.events LIKE '%,' || f.status || ',%'
-     AND (e.workflow IS NULL OR e.workflow = f.workflow)
-)
+),{WEBHOOKS_CTE}
 SELECT count(*) FROM finished"""
 ).bindparams(
     bindparam("run_id", type_=Uuid()),
@@ -449,3 +456,134 @@ async def complete_run(
     )
     if result.scalar_one() != 1:
         raise LeaseLost(run_id)
+
+
+_DONE_COMPLETE = text(
+    f"""WITH finished AS (
+    UPDATE runs SET status = :status, reason = :reason, output = :run_output, error = NULL,
+                    lease_owner = NULL, lease_expires_at = NULL, available_at = NULL,
+                    blocked_reason = NULL, finished_at = now(), updated_at = now(),
+                    lost_claims = 0
+    WHERE tenant_id = :tenant_id AND run_id = :run_id AND fence = :fence
+      AND status IN ({_LEASED_SQL})
+    RETURNING run_id, tenant_id, workflow, status, reason, finished_at
+),
+journal AS (
+    INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt,
+                       max_attempts, output, fence, next_attempt_at, detail, created_at,
+                       started_at, finished_at)
+    SELECT run_id, :step_id, tenant_id, :seq, :kind, :name, :step_status, :attempt,
+           :max_attempts, :output, :fence, NULL, :detail, now(),
+           LEAST(CAST(:started_at AS timestamptz), now()), now()
+    FROM finished
+    ON CONFLICT (tenant_id, run_id, step_id) DO UPDATE SET
+        status = excluded.status, attempt = excluded.attempt, output = excluded.output,
+        error = NULL, started_at = excluded.started_at, finished_at = excluded.finished_at,
+        fence = excluded.fence, next_attempt_at = NULL, detail = excluded.detail
+    RETURNING run_id, tenant_id
+),
+-- The three events from one INSERT, in timeline order (see _DONE).
+timeline AS (
+    INSERT INTO events (run_id, tenant_id, at, kind, step_id, actor, data)
+    SELECT run_id, tenant_id, e.at, e.kind, e.step_id, NULL, e.data
+    FROM journal CROSS JOIN (VALUES
+        (1, LEAST(CAST(:started_at AS timestamptz), now()), CAST(:started_kind AS varchar),
+         CAST(:step_id AS varchar), CAST(:started_data AS text)),
+        (2, now(), CAST(:event_kind AS varchar), CAST(:step_id AS varchar),
+         CAST(:event_data AS text)),
+        (3, now(), CAST(:run_event_kind AS varchar), CAST(NULL AS varchar),
+         CAST(NULL AS text))
+    ) AS e (n, at, kind, step_id, data)
+    ORDER BY e.n
+),{WEBHOOKS_CTE}
+SELECT count(*) FROM finished"""
+).bindparams(
+    bindparam("run_id", type_=Uuid()),
+    bindparam("tenant_id", type_=String()),
+    bindparam("fence", type_=BigInteger()),
+    bindparam("status", type_=String()),
+    bindparam("reason", type_=String()),
+    bindparam("run_output", type_=Text()),
+    bindparam("step_id", type_=String()),
+    bindparam("seq", type_=Integer()),
+    bindparam("kind", type_=String()),
+    bindparam("name", type_=String()),
+    bindparam("step_status", type_=String()),
+    bindparam("attempt", type_=Integer()),
+    bindparam("max_attempts", type_=Integer()),
+    bindparam("output", type_=Text()),
+    bindparam("detail", type_=Text()),
+    bindparam("started_at", type_=UtcDateTime()),
+    bindparam("started_kind", type_=String()),
+    bindparam("started_data", type_=Text()),
+    bindparam("event_kind", type_=String()),
+    bindparam("event_data", type_=Text()),
+    bindparam("run_event_kind", type_=String()),
+)
+
+
+async def complete_with_step(
+    conn: AsyncConnection,
+    *,
+    run_id: uuid.UUID,
+    tenant_id: str,
+    fence: int,
+    step_id: str,
+    seq: int,
+    kind: str,
+    name: str,
+    attempt: int,
+    max_attempts: int,
+    detail: str | None,
+    output: str,
+    started_at: datetime,
+    started_data: str,
+    event_data: str,
+    run_output: str,
+) -> bool:
+    """Fence-check, journal a run's last step (a whole quick attempt) and its completion.
+
+    :func:`step_done` and :func:`complete_run` as one statement: the ``steps`` row
+    ``succeeded`` with ``output``, then ``step_started``, ``step_succeeded`` and
+    ``run_completed`` in that order, the run ``completed`` with ``run_output`` (JSON
+    text) and its webhook deliveries. The write of a one-step run's only commit after
+    its claim: the step's result was held while the workflow ran on to its end
+    (docs/adr/0047-held-step-results.md). Only for a run with no concurrency slot and no
+    parent (as :func:`complete_run`). Run on an autocommit connection (PostgreSQL).
+
+    Returns:
+        False (the run has ended: there is no pause to report).
+
+    Raises:
+        LeaseLost: the fence moved (or ``tenant_id`` is not the run's); nothing was
+            written.
+    """
+    result = await conn.execute(
+        _DONE_COMPLETE,
+        {
+            "run_id": run_id,
+            "tenant_id": tenant_id,
+            "fence": fence,
+            "status": RunStatus.COMPLETED.value,
+            "reason": "succeeded",
+            "run_output": run_output,
+            "step_id": step_id,
+            "seq": seq,
+            "kind": kind,
+            "name": name,
+            "step_status": StepStatus.SUCCEEDED.value,
+            "attempt": attempt,
+            "max_attempts": max_attempts,
+            "output": output,
+            "detail": detail,
+            "started_at": started_at,
+            "started_kind": EventKind.STEP_STARTED.value,
+            "started_data": started_data,
+            "event_kind": EventKind.STEP_SUCCEEDED.value,
+            "event_data": event_data,
+            "run_event_kind": EventKind.RUN_COMPLETED.value,
+        },
+    )
+    if result.scalar_one() != 1:
+        raise LeaseLost(run_id)
+    return False
