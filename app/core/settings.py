@@ -459,14 +459,15 @@ class Settings(BaseSettings):
         "ends (docs/adr/0039-group-commit.md).",
     )
     analyze_interval_seconds: float = Field(
-        default=10.0,
+        default=1.0,
         ge=0.0,
         le=3600.0,
         description="PostgreSQL: how often each API and worker process checks for Treadle "
         "tables that changed by more rows since their last ANALYZE than they held then, and "
         "analyzes them (one process at a time), so a database filled from empty does not "
         "keep the plans of its first seconds until autovacuum's next minute "
-        "(docs/adr/0043-statistics-of-a-young-database.md); 0 turns it off.",
+        "(docs/adr/0043-statistics-of-a-young-database.md, "
+        "docs/adr/0048-statistics-checked-every-second.md); 0 turns it off.",
     )
     worker_concurrency: int = Field(default=16, ge=1, le=1000)
     batch_chunk_size: int = Field(
