@@ -92,7 +92,9 @@ def _kind_sql(columns: tuple[tuple[str, str], ...], body: str) -> TextClause:
     """``body`` with ``{prelude}`` replaced by two CTEs every kind starts with.
 
     ``{webhooks}``, if present, becomes the ``webhooks`` CTE of a kind that ends runs
-    (:data:`app.db.queries.checkpoints.WEBHOOKS_CTE`, over its ``finished`` CTE).
+    (:data:`app.db.queries.checkpoints.WEBHOOKS_CTE`, over its ``finished`` CTE);
+    ``{whole_insert}`` and ``{whole_conflict}`` the column list and conflict clause of a
+    whole attempt's ``steps`` row (``WHOLE_ATTEMPT_INSERT``, ``WHOLE_ATTEMPT_CONFLICT``).
 
     ``input`` is the unnested rows (one column per ``columns`` entry). ``locked`` is the
     run rows whose ``(tenant_id, run_id, fence)`` is among the input's and whose status
@@ -115,7 +117,10 @@ locked AS (
     FOR UPDATE
 )"""
     return text(
-        body.replace("{prelude}", prelude).replace("{webhooks}", checkpoints_q.WEBHOOKS_CTE)
+        body.replace("{prelude}", prelude)
+        .replace("{webhooks}", checkpoints_q.WEBHOOKS_CTE)
+        .replace("{whole_insert}", checkpoints_q.WHOLE_ATTEMPT_INSERT)
+        .replace("{whole_conflict}", checkpoints_q.WHOLE_ATTEMPT_CONFLICT)
     )
 
 
@@ -257,16 +262,11 @@ rows AS (
     JOIN held h ON h.tenant_id = i.tenant_id AND h.run_id = i.run_id AND h.fence = i.fence
 ),
 journal AS (
-    INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt,
-                       max_attempts, output, fence, next_attempt_at, detail, created_at,
-                       started_at, finished_at)
+{whole_insert}
     SELECT run_id, step_id, tenant_id, seq, kind, name, :status, attempt,
            max_attempts, output, fence, NULL, detail, now(), began, now()
     FROM rows
-    ON CONFLICT (tenant_id, run_id, step_id) DO UPDATE SET
-        status = excluded.status, attempt = excluded.attempt, output = excluded.output,
-        error = NULL, started_at = excluded.started_at, finished_at = excluded.finished_at,
-        fence = excluded.fence, next_attempt_at = NULL, detail = excluded.detail
+{whole_conflict}
     RETURNING run_id
 ),
 -- Each row's two events from one INSERT, in timeline order (see checkpoints.step_done).
@@ -354,16 +354,11 @@ rows AS (
     JOIN finished f ON f.tenant_id = i.tenant_id AND f.run_id = i.run_id AND f.fence = i.fence
 ),
 journal AS (
-    INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt,
-                       max_attempts, output, fence, next_attempt_at, detail, created_at,
-                       started_at, finished_at)
+{whole_insert}
     SELECT run_id, step_id, tenant_id, seq, kind, name, :step_status, attempt,
            max_attempts, output, fence, NULL, detail, now(), began, now()
     FROM rows
-    ON CONFLICT (tenant_id, run_id, step_id) DO UPDATE SET
-        status = excluded.status, attempt = excluded.attempt, output = excluded.output,
-        error = NULL, started_at = excluded.started_at, finished_at = excluded.finished_at,
-        fence = excluded.fence, next_attempt_at = NULL, detail = excluded.detail
+{whole_conflict}
     RETURNING run_id
 ),
 -- Each row's three events from one INSERT, in timeline order (see checkpoints.step_done).

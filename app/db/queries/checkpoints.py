@@ -181,20 +181,30 @@ SELECT count(*), bool_or(paused) FROM held"""
 )
 
 
+WHOLE_ATTEMPT_INSERT = """
+    INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt,
+                       max_attempts, output, fence, next_attempt_at, detail, created_at,
+                       started_at, finished_at)""".lstrip("\n")
+"""The column list of a whole attempt's ``steps`` row (start and result at once), for the
+statements here and in app/db/group_commit.py; its rows follow as a ``SELECT``."""
+
+WHOLE_ATTEMPT_CONFLICT = """
+    ON CONFLICT (tenant_id, run_id, step_id) DO UPDATE SET
+        status = excluded.status, attempt = excluded.attempt, output = excluded.output,
+        error = NULL, started_at = excluded.started_at, finished_at = excluded.finished_at,
+        fence = excluded.fence, next_attempt_at = NULL, detail = excluded.detail""".lstrip("\n")
+"""What a whole attempt's ``steps`` row does to an earlier row of the step (a retried
+attempt, a start record written before it): every column of the attempt replaced."""
+
 _DONE = text(
     f"""WITH {_HELD},
 journal AS (
-    INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt,
-                       max_attempts, output, fence, next_attempt_at, detail, created_at,
-                       started_at, finished_at)
+{WHOLE_ATTEMPT_INSERT}
     SELECT run_id, :step_id, tenant_id, :seq, :kind, :name, :status, :attempt,
            :max_attempts, :output, :fence, NULL, :detail, now(),
            LEAST(CAST(:started_at AS timestamptz), now()), now()
     FROM held
-    ON CONFLICT (tenant_id, run_id, step_id) DO UPDATE SET
-        status = excluded.status, attempt = excluded.attempt, output = excluded.output,
-        error = NULL, started_at = excluded.started_at, finished_at = excluded.finished_at,
-        fence = excluded.fence, next_attempt_at = NULL, detail = excluded.detail
+{WHOLE_ATTEMPT_CONFLICT}
     RETURNING run_id, tenant_id
 ),
 -- Both events from one INSERT, in timeline order: sibling data-modifying CTEs run in no
@@ -469,17 +479,12 @@ _DONE_COMPLETE = text(
     RETURNING run_id, tenant_id, workflow, status, reason, finished_at
 ),
 journal AS (
-    INSERT INTO steps (run_id, step_id, tenant_id, seq, kind, name, status, attempt,
-                       max_attempts, output, fence, next_attempt_at, detail, created_at,
-                       started_at, finished_at)
+{WHOLE_ATTEMPT_INSERT}
     SELECT run_id, :step_id, tenant_id, :seq, :kind, :name, :step_status, :attempt,
            :max_attempts, :output, :fence, NULL, :detail, now(),
            LEAST(CAST(:started_at AS timestamptz), now()), now()
     FROM finished
-    ON CONFLICT (tenant_id, run_id, step_id) DO UPDATE SET
-        status = excluded.status, attempt = excluded.attempt, output = excluded.output,
-        error = NULL, started_at = excluded.started_at, finished_at = excluded.finished_at,
-        fence = excluded.fence, next_attempt_at = NULL, detail = excluded.detail
+{WHOLE_ATTEMPT_CONFLICT}
     RETURNING run_id, tenant_id
 ),
 -- The three events from one INSERT, in timeline order (see _DONE).
