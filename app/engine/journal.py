@@ -624,7 +624,7 @@ class RunJournal:
                 return await checkpoints_q.record_success(conn, **params)
 
             return _HeldResult(
-                step_id, success, record, group_commit.Grouped(group_commit.RECORD_SUCCESS, params)
+                success, record, group_commit.Grouped(group_commit.RECORD_SUCCESS, params)
             )
 
         async def whole(conn: AsyncConnection) -> None:
@@ -645,7 +645,6 @@ class RunJournal:
             return await checkpoints_q.step_done(conn, **done)
 
         return _HeldResult(
-            step_id,
             whole,
             statement,
             group_commit.Grouped(group_commit.STEP_DONE, done),
@@ -1156,7 +1155,6 @@ class _HeldResult:
     ``sending``: its write, once sent.
     """
 
-    step_id: str
     rows: Callable[[AsyncConnection], Awaitable[None]]
     single: Callable[[AsyncConnection], Awaitable[object]]
     grouped: group_commit.Grouped
