@@ -47,6 +47,7 @@ from app.core.tasks import cancel_and_wait
 from app.db.database import Database
 from app.db.migrations import check_schema
 from app.db.pooler import statement_timeout_mismatch
+from app.db.replica import ReplicaHeartbeat, heartbeat_interval
 from app.db.statistics import StatisticsKeeper
 from app.engine.api_keys import ApiKeyService
 from app.engine.submit import Submitter
@@ -102,17 +103,28 @@ def create_app(
         # Batch submits are what fill a young database fastest: this process keeps the
         # planner's statistics up with them (app/db/statistics.py).
         stopping = asyncio.Event()
-        keeper = asyncio.create_task(
-            StatisticsKeeper(database, settings.analyze_interval_seconds).run(stopping),
-            name="statistics-keeper",
-        )
+        tasks = [
+            asyncio.create_task(
+                StatisticsKeeper(database, settings.analyze_interval_seconds).run(stopping),
+                name="statistics-keeper",
+            )
+        ]
+        if database.has_replica:
+            # The replica's lag is the age of this heartbeat there (app/db/replica.py,
+            # docs/adr/0049-replica-lag-from-a-heartbeat.md); the first beat is written
+            # before the first request, so a restart does not start on a stale-looking row.
+            heartbeat = ReplicaHeartbeat(
+                database, heartbeat_interval(settings.read_max_lag_seconds)
+            )
+            await heartbeat.beat_once()
+            tasks.append(asyncio.create_task(heartbeat.run(stopping), name="replica-heartbeat"))
         try:
             yield
         finally:
             # Cancelled rather than awaited: a check stuck on an unreachable database must
             # not hold up the shutdown; an ANALYZE cut short rolls back and changes nothing.
             stopping.set()
-            await cancel_and_wait([keeper])
+            await cancel_and_wait(tasks)
             await app.state.authenticator.aclose()
         if owns_db:
             await database.dispose()

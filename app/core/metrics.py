@@ -156,9 +156,11 @@ DB_REPLICA_FALLBACKS = Counter(
 )
 DB_REPLICA_LAG = Gauge(
     "treadle_db_replica_lag_seconds",
-    "Replay lag of the read replica when last measured (0: it had replayed every WAL "
-    "record it received; -1: unknown, WAL pending but no transaction replayed yet; NaN: "
-    "the replica could not be reached at the last try).",
+    "How far the read replica trails the primary when last measured: the age of the "
+    "newest heartbeat the primary wrote that the replica has applied (below a second on "
+    "a standby that streams, idle or not; it grows while replay is paused or the standby "
+    "is cut off from the primary; -1: unknown, no heartbeat reached the replica; NaN: the "
+    "replica could not be reached at the last try).",
 )
 DB_REPLICA_IN_RECOVERY = Gauge(
     "treadle_db_replica_in_recovery",

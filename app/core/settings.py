@@ -125,8 +125,11 @@ class Settings(BaseSettings):
         default=30.0,
         gt=0,
         le=86400,
-        description="How far behind the primary the replica may be (seconds of replay lag, "
-        "measured on the replica at most once a second) before its reads go to the primary.",
+        description="How far behind the primary the replica may be (seconds: the age on "
+        "the replica of a heartbeat the API writes on the primary every second, or every "
+        "half bound if shorter; measured at most once a second) before its reads go to the "
+        "primary. A replica cut off from the primary, or whose replay is paused, falls "
+        "behind by this measure although it has nothing left to replay.",
     )
     db_pooler: DbPooler = Field(
         default=DbPooler.NONE,

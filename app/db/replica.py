@@ -6,6 +6,16 @@ whose answer may trail the primary by ``TREADLE_READ_MAX_LAG_SECONDS`` go throug
 (the list in docs/deployment.md, "Read replica"; the rule in
 docs/adr/0033-lag-tolerant-reads-on-a-replica.md).
 
+How far behind the replica is comes from a heartbeat
+(docs/adr/0049-replica-lag-from-a-heartbeat.md): :class:`ReplicaHeartbeat`, run by each
+API process that has a replica, moves the one row of ``replica_heartbeat`` to the
+primary's ``now()`` every :func:`heartbeat_interval` seconds; on the replica the age of
+that row by the replica's clock is the lag. It grows whatever keeps the replica from
+having the primary's latest commits (replay paused or slow, the WAL receiver cut off from
+the primary or stalled, the primary gone), and stays below the interval on a standby that
+streams, however idle the primary is. Replay positions alone cannot tell those apart: a
+standby cut off from an idle primary has replayed all it received, as a healthy one has.
+
 :class:`ReplicaGate` decides per checkout whether the replica serves the read:
 
 * **unreachable** (connection refused, reset, timed out: :func:`app.db.faults.classify`
@@ -14,14 +24,16 @@ docs/adr/0033-lag-tolerant-reads-on-a-replica.md).
   read goes to the primary, and so does every lagging read for
   the next :data:`RECHECK_SECONDS`, so an outage costs one failed connect per interval
   rather than one per request;
-* **too far behind**: its replay lag is measured on the checked-out connection at most
-  once per :data:`RECHECK_SECONDS`; past the bound, or when it cannot be told (WAL
-  received and not replayed, but no transaction replayed since the standby started),
-  the read goes to the primary for that interval.
+* **too far behind**: its lag (the heartbeat's age) is measured on the checked-out
+  connection at most once per :data:`RECHECK_SECONDS`; past the bound, or when it cannot
+  be told (no heartbeat has reached the replica yet), the read goes to the primary for
+  that interval.
 
 Either way ``treadle_db_replica_fallbacks_total{reason}`` counts each read the primary
 served instead, and one warning is logged when the replica stops being used (one info
-line when it is used again), not one per read. ``treadle_db_replica_up`` is 1 while the
+line when it is used again), not one per read; the warning names the lag and the WAL
+receiver's state where the role may see it (``pg_stat_wal_receiver.status``, e.g. none
+while it cannot reach the primary). ``treadle_db_replica_up`` is 1 while the
 replica serves, 0 while it does not, and ``treadle_db_replica_lag_seconds`` is NaN while
 it cannot be reached (no lag was measured, and the last one would look healthy).
 ``treadle_db_replica_in_recovery`` is 0 when the server the URL names is a primary (a
@@ -33,17 +45,24 @@ keep off the primary; it answers 503 ``database_busy`` as a full main pool does.
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import sqlalchemy.exc
 import structlog
-from sqlalchemy import text
+from sqlalchemy import Float, bindparam, text
 from sqlalchemy.ext.asyncio import AsyncConnection, AsyncEngine
 
 from app.core import metrics
 from app.db.faults import DbFault, classify, describe
+
+if TYPE_CHECKING:
+    from app.db.database import Database  # imports this module
 
 log = structlog.get_logger("treadle.db")
 
@@ -57,20 +76,60 @@ statements also get asyncpg's ``command_timeout``: ``TREADLE_DB_STATEMENT_TIMEOU
 plus this, so a server that stops answering mid-read (the server's own timeout cannot
 fire then) fails the read instead of holding the request forever."""
 
-# Seconds the replica's data trails the primary's. When every WAL record received has
-# been replayed the replica is as fresh as the stream: 0, even if the primary has been
-# idle for an hour (the last replayed commit is then old, but nothing is missing). A
-# server not in recovery (the URL names a primary, or a promoted replica) is never
-# behind. Otherwise: the age of the last replayed commit, by the replica's clock against
-# the primary's commit time (the PostgreSQL manual, "Monitoring" / pg_stat_replication,
-# measures lag the same way); NULL when nothing was replayed since the standby started.
+HEARTBEAT_SECONDS = 1.0
+"""The longest interval between two heartbeats (see :func:`heartbeat_interval`)."""
+
+HEARTBEAT_MIN_SECONDS = 0.1
+"""The shortest: a smaller ``TREADLE_READ_MAX_LAG_SECONDS`` would mean a write per few ms."""
+
+
+def heartbeat_interval(max_lag_seconds: float) -> float:
+    """Seconds between two heartbeats for a lag bound of ``max_lag_seconds``.
+
+    A standby that streams shows a heartbeat up to one interval old (plus the replication
+    delay, milliseconds), so the interval stays well inside the bound: half of it, at most
+    :data:`HEARTBEAT_SECONDS` (one small write a second), at least
+    :data:`HEARTBEAT_MIN_SECONDS` (a bound under twice that cannot be kept by an idle
+    standby, which then counts as lagging between beats).
+    """
+    return max(min(HEARTBEAT_SECONDS, max_lag_seconds / 2), HEARTBEAT_MIN_SECONDS)
+
+
+# One statement, cheap whoever runs it: the row moves to now() only if it is older than
+# :fresh seconds (or missing), so any number of API processes beating every interval make
+# about one write per interval between them (the others' statement finds a fresh row and
+# writes nothing). Never backwards: of two beats racing, the later now() stays.
+_BEAT = text(
+    """
+    INSERT INTO replica_heartbeat (id, beat_at)
+    SELECT 1, now()
+    WHERE NOT EXISTS (
+        SELECT FROM replica_heartbeat WHERE beat_at > now() - make_interval(secs => :fresh)
+    )
+    ON CONFLICT (id) DO UPDATE SET beat_at = excluded.beat_at
+    WHERE replica_heartbeat.beat_at < excluded.beat_at
+    """
+).bindparams(bindparam("fresh", type_=Float))
+
+# The heartbeat is a marker, not data anyone waits for: its commit must not wait for a
+# synchronous standby (one that is cut off would hold it, and the loop, indefinitely), and
+# is flushed at once rather than up to wal_writer_delay later (synchronous_commit = off).
+_LOCAL_COMMIT = text("SET LOCAL synchronous_commit TO local")
+
+# Seconds the replica's data may trail the primary: the age, by the replica's clock, of
+# the newest heartbeat it has applied (written by the primary's clock: skewed clocks skew
+# it, as they skew every lag PostgreSQL reports). NULL when no heartbeat reached it. A
+# server not in recovery (the URL names a primary, or a promoted replica) is never behind.
+# The WAL receiver's state is for the log only: without pg_read_all_stats a role sees
+# NULL for it, and "streaming" is no proof of freshness (a partitioned link stays
+# "streaming" until wal_receiver_timeout, a minute by default).
 _LAG_SQL = text(
     """
     SELECT pg_is_in_recovery(), CASE
         WHEN NOT pg_is_in_recovery() THEN 0.0
-        WHEN pg_last_wal_receive_lsn() = pg_last_wal_replay_lsn() THEN 0.0
-        ELSE EXTRACT(EPOCH FROM clock_timestamp() - pg_last_xact_replay_timestamp())
-    END
+        ELSE EXTRACT(EPOCH FROM clock_timestamp() - (
+            SELECT beat_at FROM replica_heartbeat WHERE id = 1))
+    END, (SELECT status FROM pg_stat_wal_receiver)
     """
 )
 
@@ -86,19 +145,117 @@ def _unavailable(exc: BaseException) -> bool:
     return isinstance(exc, TimeoutError) or classify(exc) is DbFault.UNAVAILABLE
 
 
-async def replica_status(conn: AsyncConnection) -> tuple[bool, float | None]:
+@dataclass(frozen=True)
+class ReplicaStatus:
+    """What one measurement on the replica found.
+
+    Attributes:
+        in_recovery: the server is a standby (False: a primary, e.g. promoted).
+        lag_seconds: how many seconds the replica's data may trail the primary's (the
+            heartbeat's age; 0.0 on a server that is not a standby); None when it cannot
+            be told (no heartbeat has reached the replica).
+        wal_receiver: ``pg_stat_wal_receiver.status`` (``streaming``, ``starting``,
+            ``waiting``, ``stopping``…); None while no WAL receiver runs (it cannot reach
+            its primary, or the standby restores from an archive) or when the role may
+            not see it (it needs ``pg_read_all_stats``). For the log only.
+    """
+
+    in_recovery: bool
+    lag_seconds: float | None
+    wal_receiver: str | None
+
+
+async def replica_status(conn: AsyncConnection) -> ReplicaStatus:
     """Whether the server behind ``conn`` is a standby, and how many seconds it trails.
 
-    Returns:
-        ``(in_recovery, lag)``: ``lag`` is 0.0 for a server that is not a standby, None
-        when it cannot be told. Runs one statement and ends the transaction it began, so
-        the caller can ``begin()`` its own.
+    The lag is the age of the newest ``replica_heartbeat`` row the server has applied
+    (:class:`ReplicaHeartbeat` writes it on the primary), clamped at 0 (clock skew).
+    Runs one statement and ends the transaction it began, so the caller can ``begin()``
+    its own.
     """
     try:
-        in_recovery, value = (await conn.execute(_LAG_SQL)).one()
+        in_recovery, value, receiver = (await conn.execute(_LAG_SQL)).one()
     finally:
         await conn.rollback()
-    return bool(in_recovery), None if value is None else max(float(value), 0.0)
+    return ReplicaStatus(
+        in_recovery=bool(in_recovery),
+        lag_seconds=None if value is None else max(float(value), 0.0),
+        wal_receiver=None if receiver is None else str(receiver),
+    )
+
+
+async def beat(conn: AsyncConnection, *, interval_seconds: float) -> bool:
+    """Move the primary's heartbeat to its ``now()`` unless a beat this interval did.
+
+    Args:
+        conn: a connection to the primary, in a transaction the caller commits.
+        interval_seconds: :func:`heartbeat_interval`; a row younger than half of it is
+            left alone (another process beat), so processes out of step never let it
+            age much past one interval.
+
+    Returns:
+        True if this call wrote the row.
+    """
+    await conn.execute(_LOCAL_COMMIT)
+    result = await conn.execute(_BEAT, {"fresh": interval_seconds / 2})
+    return bool(result.rowcount)
+
+
+class ReplicaHeartbeat:
+    """Calls :func:`beat` on the primary every interval until stopped.
+
+    Run by each API process with ``TREADLE_READ_DATABASE_URL`` set (the process that reads
+    the replica keeps the heartbeat its lag is measured by; ``app.api.app``); a
+    :class:`ReplicaGate` with no heartbeat writer anywhere sees the row age and sends its
+    reads to the primary, which fails safe.
+
+    Args:
+        db: the database (its primary; PostgreSQL: on SQLite :meth:`run` returns at once).
+        interval_seconds: :func:`heartbeat_interval` of ``TREADLE_READ_MAX_LAG_SECONDS``.
+
+    Attributes:
+        written: how many beats this writer wrote (tests).
+    """
+
+    def __init__(self, db: Database, interval_seconds: float) -> None:
+        self._db = db
+        self._interval = interval_seconds
+        self._failing = False  # for logging changes only
+        self.written = 0
+
+    async def beat_once(self) -> bool:
+        """One beat; never raises.
+
+        Returns:
+            False when it failed (the primary unreachable, a statement timeout): logged
+            once per change, not once per interval, and tried again at the next one.
+        """
+        try:
+            async with self._db.write() as conn:
+                wrote = await beat(conn, interval_seconds=self._interval)
+        except Exception as exc:  # noqa: BLE001 - primary down or slow: try again next time
+            if not self._failing:
+                self._failing = True
+                log.warning(
+                    "read replica heartbeat not written: the replica's lag cannot be told "
+                    "and will read as growing",
+                    error=describe(exc),
+                )
+            return False
+        if self._failing:
+            self._failing = False
+            log.info("read replica heartbeat written again")
+        self.written += int(wrote)
+        return True
+
+    async def run(self, stopping: asyncio.Event) -> None:
+        """Beat, then wait the interval (or until ``stopping``), until ``stopping`` is set."""
+        if self._db.dialect != "postgresql":
+            return
+        while not stopping.is_set():
+            await self.beat_once()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stopping.wait(), self._interval)
 
 
 class ReplicaGate:
@@ -157,7 +314,7 @@ class ReplicaGate:
         # Claimed before the round trip: reads arriving meanwhile do not measure too.
         self._checked_until = now + RECHECK_SECONDS
         try:
-            in_recovery, lag = await replica_status(conn)
+            status = await replica_status(conn)
         except Exception as exc:
             await conn.close()
             self._checked_until = float("-inf")
@@ -165,12 +322,18 @@ class ReplicaGate:
                 raise
             self._skip(now, "unavailable", error=describe(exc))
             return None
+        lag = status.lag_seconds
         metrics.DB_REPLICA_LAG.set(-1.0 if lag is None else lag)
-        self._note_role(in_recovery)
+        self._note_role(status.in_recovery)
         if lag is None or lag > self.max_lag_seconds:
             await conn.close()
             self._checked_until = float("-inf")
-            self._skip(now, "lagging", lag_seconds=lag)
+            self._skip(
+                now,
+                "lagging",
+                lag_seconds=None if lag is None else round(lag, 3),
+                wal_receiver=status.wal_receiver,
+            )
             return None
         metrics.DB_REPLICA_UP.set(1)
         if not self._usable:

@@ -817,3 +817,18 @@ webhook_attempts = Table(
     ),
 )
 """Each POST of a delivery: when, and the HTTP status or the error."""
+
+# The read replica's heartbeat (revision 0028, docs/adr/0049-replica-lag-from-a-heartbeat.md):
+# one row per database, its time written by the primary's clock about every second by
+# each API process with TREADLE_READ_DATABASE_URL set (app/db/replica.py). On the standby
+# its age is how stale the standby's copy may be, whether replay is slow or paused or the
+# standby is cut off from the primary.
+replica_heartbeat = Table(
+    "replica_heartbeat",
+    metadata,
+    Column("id", Integer, nullable=False),
+    Column("beat_at", UtcDateTime, nullable=False),
+    PrimaryKeyConstraint("id"),
+    CheckConstraint("id = 1", name="single_row"),
+)
+"""The primary's last heartbeat for its read replicas: a single row (``id`` 1)."""

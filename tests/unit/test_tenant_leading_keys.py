@@ -20,6 +20,7 @@ REFERENCE = {
     "workers": "processes, no tenant",
     "rate_limit_buckets": "per-workflow buckets are shared by every tenant",
     "tenants": "the tenant list itself; keyed by tenant_id already",
+    "replica_heartbeat": "one row per database, the primary's clock for its read replicas",
 }
 
 # Tenant-owned tables revisions 0022, 0024, 0026 and 0027 did not convert, each with what
