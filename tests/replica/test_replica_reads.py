@@ -8,14 +8,15 @@ standby; a submit, claim, idempotent retry or key check that behaves was served 
 primary (docs/adr/0033-lag-tolerant-reads-on-a-replica.md).
 
 The gate's two ways out (a standby that is unreachable, one too far behind) are shown on
-an in-process :class:`Database` against the same pair.
+an in-process :class:`Database` against the same pair, which runs the heartbeat the
+replica's lag is measured by as the API does (tests/replica/conftest.py, ``heartbeating``);
+a standby cut off from its primary is in test_replica_freshness.py.
 """
 
 from __future__ import annotations
 
 import asyncio
 import os
-import re
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -24,13 +25,20 @@ import httpx
 import pytest
 from sqlalchemy import text
 
-from app.core.settings import AuthMode, Settings
 from app.db import replica
 from app.db.database import Database
 from tests.acceptance.conftest import ROOT, Stack, free_port, token
 from tests.conftest import DEV_SECRET
 from tests.helpers import wait_for, wait_for_sync
-from tests.replica.conftest import DATABASE, StreamingPair, asql
+from tests.replica.conftest import (
+    DATABASE,
+    StreamingPair,
+    fallbacks,
+    heartbeating,
+    metric,
+    replica_settings,
+    served_by_standby,
+)
 
 pytestmark = pytest.mark.xdist_group("replica")
 
@@ -71,11 +79,6 @@ def _listed(c: httpx.Client, **params: str) -> dict[str, str]:
     resp = c.get("/runs", params={"limit": "200", **params})
     assert resp.status_code == 200, resp.text
     return {r["run_id"]: r["status"] for r in resp.json()["items"]}
-
-
-def _metric(body: str, name: str, labels: str = "") -> float | None:
-    match = re.search(rf"^{re.escape(name)}{re.escape(labels)} (\S+)$", body, re.M)
-    return None if match is None else float(match.group(1))
 
 
 def _submit(c: httpx.Client, value: object, key: str | None = None) -> httpx.Response:
@@ -123,12 +126,10 @@ def test_lists_come_from_the_standby_and_decisions_from_the_primary(
             assert c.get(f"/runs/{after}/logs").status_code == 200
             # The gauges count from the standby too (the first scrape computes them).
             scrape = httpx.get(stack.url + "/metrics").text
-            lagging = _metric(scrape, "treadle_db_replica_fallbacks_total", '{reason="lagging"}')
-            assert _metric(scrape, "treadle_runs", '{status="completed"}') == 1.0
-            assert (
-                _metric(scrape, "treadle_db_pool_size_connections", '{pool="replica"}') or 0
-            ) > 0
-            assert _metric(scrape, "treadle_db_replica_lag_seconds") is not None
+            lagging = metric(scrape, "treadle_db_replica_fallbacks_total", '{reason="lagging"}')
+            assert metric(scrape, "treadle_runs", '{status="completed"}') == 1.0
+            assert (metric(scrape, "treadle_db_pool_size_connections", '{pool="replica"}') or 0) > 0
+            assert metric(scrape, "treadle_db_replica_lag_seconds") is not None
             # An API key made now exists on the primary only: it authenticates (the
             # lookup is the primary's), and once revoked it is refused at the next request.
             made = admin.post("/admin/api-keys", json={"name": "lagging", "scopes": ["runs:read"]})
@@ -145,63 +146,39 @@ def test_lists_come_from_the_standby_and_decisions_from_the_primary(
         assert c.get("/runs/counts").json()["total"] == 2
         scrape = httpx.get(stack.url + "/metrics").text
         # The standby was never skipped meanwhile: every list above was its answer.
-        assert _metric(scrape, "treadle_db_replica_fallbacks_total", '{reason="lagging"}') == (
+        assert metric(scrape, "treadle_db_replica_fallbacks_total", '{reason="lagging"}') == (
             lagging
         )
-        unavailable = _metric(
-            scrape, "treadle_db_replica_fallbacks_total", '{reason="unavailable"}'
-        )
+        unavailable = metric(scrape, "treadle_db_replica_fallbacks_total", '{reason="unavailable"}')
         assert unavailable in (None, 0.0)
-
-
-def _settings(pair: StreamingPair, tmp: Path, read_url: str, max_lag: float) -> Settings:
-    return Settings(
-        database_url=pair.primary.url(DATABASE),
-        read_database_url=read_url,
-        read_max_lag_seconds=max_lag,
-        auth_mode=AuthMode.DEV,
-        dev_secret=DEV_SECRET,
-        data_dir=tmp / "data",
-    )
-
-
-async def _served_by_standby(db: Database) -> bool:
-    async with db.lagging_read() as conn:
-        return bool((await conn.execute(text("SELECT pg_is_in_recovery()"))).scalar_one())
-
-
-def _fallbacks(reason: str) -> float:
-    from prometheus_client import REGISTRY
-
-    value = REGISTRY.get_sample_value("treadle_db_replica_fallbacks_total", {"reason": reason})
-    return value or 0.0
 
 
 async def test_a_standby_too_far_behind_is_skipped_until_it_catches_up(
     pair: StreamingPair, tmp_path: Path
 ) -> None:
-    db = Database(_settings(pair, tmp_path, pair.standby.url(DATABASE), max_lag=1.0))
-    probe = pair.primary.dsn("postgres")
+    db = Database(replica_settings(pair, tmp_path, pair.standby.url(DATABASE), max_lag=1.0))
     try:
-        assert await _served_by_standby(db)
-        assert not await _plain_read_on_standby(db)
-        await pair.pause_replay()
-        try:
-            lagging = _fallbacks("lagging")
-            # A commit the standby receives and cannot apply: its lag grows from there.
-            await asql(probe, "CREATE TABLE IF NOT EXISTS lag_probe (at timestamptz)")
-            await asql(probe, "INSERT INTO lag_probe VALUES (now())")
+        async with heartbeating(pair, db):
+            assert await served_by_standby(db)
+            assert not await _plain_read_on_standby(db)
+            await pair.pause_replay()
+            try:
+                lagging = fallbacks("lagging")
+                # The heartbeats go on on the primary; the standby receives them and
+                # applies none: the one it shows ages from here.
 
-            async def on_primary() -> bool:
-                return not await _served_by_standby(db)
+                async def on_primary() -> bool:
+                    return not await served_by_standby(db)
 
-            await wait_for(on_primary, timeout=60, interval=0.2, what="reads moved to the primary")
-            assert _fallbacks("lagging") > lagging
-        finally:
-            await pair.resume_replay()
-        await wait_for(
-            lambda: _served_by_standby(db), timeout=60, interval=0.2, what="standby used again"
-        )
+                await wait_for(
+                    on_primary, timeout=60, interval=0.2, what="reads moved to the primary"
+                )
+                assert fallbacks("lagging") > lagging
+            finally:
+                await pair.resume_replay()
+            await wait_for(
+                lambda: served_by_standby(db), timeout=60, interval=0.2, what="standby used again"
+            )
     finally:
         await db.dispose()
 
@@ -217,13 +194,13 @@ async def test_an_unreachable_standby_sends_lagging_reads_to_the_primary(
 ) -> None:
     # A port nobody listens on: each connect is refused, as by a standby that is down.
     dead = f"postgresql+asyncpg://postgres@127.0.0.1:{free_port()}/{DATABASE}"
-    db = Database(_settings(pair, tmp_path, dead, max_lag=30.0))
+    db = Database(replica_settings(pair, tmp_path, dead, max_lag=30.0))
     try:
-        unavailable = _fallbacks("unavailable")
-        assert not await _served_by_standby(db)
+        unavailable = fallbacks("unavailable")
+        assert not await served_by_standby(db)
         # The next one too (within the recheck second without even trying to connect).
-        assert not await _served_by_standby(db)
-        assert _fallbacks("unavailable") == unavailable + 2
+        assert not await served_by_standby(db)
+        assert fallbacks("unavailable") == unavailable + 2
     finally:
         await db.dispose()
 
@@ -231,20 +208,21 @@ async def test_an_unreachable_standby_sends_lagging_reads_to_the_primary(
 async def test_a_standby_that_goes_down_is_skipped_and_used_again_once_back(
     pair: StreamingPair, tmp_path: Path
 ) -> None:
-    db = Database(_settings(pair, tmp_path, pair.standby.url(DATABASE), max_lag=30.0))
+    db = Database(replica_settings(pair, tmp_path, pair.standby.url(DATABASE), max_lag=30.0))
     try:
-        assert await _served_by_standby(db)  # a pooled connection to it now exists
-        unavailable = _fallbacks("unavailable")
-        await asyncio.to_thread(pair.stop_standby)
-        try:
-            # The pooled connection is dead: its pre-ping fails, the reconnect is refused.
-            assert not await _served_by_standby(db)
-            assert _fallbacks("unavailable") > unavailable
-        finally:
-            await asyncio.to_thread(pair.start_standby)
-        await wait_for(
-            lambda: _served_by_standby(db), timeout=60, interval=0.2, what="standby used again"
-        )
+        async with heartbeating(pair, db):
+            assert await served_by_standby(db)  # a pooled connection to it now exists
+            unavailable = fallbacks("unavailable")
+            await asyncio.to_thread(pair.stop_standby)
+            try:
+                # The pooled connection is dead: its pre-ping fails, the reconnect is refused.
+                assert not await served_by_standby(db)
+                assert fallbacks("unavailable") > unavailable
+            finally:
+                await asyncio.to_thread(pair.start_standby)
+            await wait_for(
+                lambda: served_by_standby(db), timeout=60, interval=0.2, what="standby used again"
+            )
     finally:
         await db.dispose()
 
@@ -262,26 +240,27 @@ async def test_a_standby_that_stops_answering_is_skipped_within_the_timeouts(
     # Every read re-measures the lag: the pooled connection's next statement meets the
     # frozen server at once, not after a recheck interval.
     monkeypatch.setattr(replica, "RECHECK_SECONDS", 0.0)
-    settings = _settings(pair, tmp_path, pair.standby.url(DATABASE), max_lag=30.0)
+    settings = replica_settings(pair, tmp_path, pair.standby.url(DATABASE), max_lag=30.0)
     # asyncpg's command_timeout on the replica is this plus the connect timeout (6 s).
     db = Database(settings.model_copy(update={"db_statement_timeout_seconds": 1.0}))
     try:
-        assert await _served_by_standby(db)  # a pooled connection to it now exists
-        unavailable = _fallbacks("unavailable")
-        frozen = _standby_processes(pair)
-        for pid in frozen:
-            os.kill(pid, signal.SIGSTOP)  # alive and connected, answering nothing
-        try:
-            # The pre-ping of the pooled connection times out, so does the new connect:
-            # the read goes to the primary instead of hanging or failing the request.
-            assert not await asyncio.wait_for(_served_by_standby(db), timeout=90)
-            assert _fallbacks("unavailable") > unavailable
-            assert await asyncio.wait_for(_plain_read_on_standby(db), timeout=30) is False
-        finally:
+        async with heartbeating(pair, db):
+            assert await served_by_standby(db)  # a pooled connection to it now exists
+            unavailable = fallbacks("unavailable")
+            frozen = _standby_processes(pair)
             for pid in frozen:
-                os.kill(pid, signal.SIGCONT)
-        await wait_for(
-            lambda: _served_by_standby(db), timeout=90, interval=0.2, what="standby used again"
-        )
+                os.kill(pid, signal.SIGSTOP)  # alive and connected, answering nothing
+            try:
+                # The pre-ping of the pooled connection times out, so does the new connect:
+                # the read goes to the primary instead of hanging or failing the request.
+                assert not await asyncio.wait_for(served_by_standby(db), timeout=90)
+                assert fallbacks("unavailable") > unavailable
+                assert await asyncio.wait_for(_plain_read_on_standby(db), timeout=30) is False
+            finally:
+                for pid in frozen:
+                    os.kill(pid, signal.SIGCONT)
+            await wait_for(
+                lambda: served_by_standby(db), timeout=90, interval=0.2, what="standby used again"
+            )
     finally:
         await db.dispose()

@@ -5,25 +5,27 @@ The same tests, on a database of the streaming pair (tests/replica/conftest.py) 
 :meth:`Database.lagging_read` come from the standby. The database commits with
 ``synchronous_commit = remote_apply``, so each write is applied on the standby before it
 returns, and tests written without lag in mind stay deterministic; that a read was the
-standby's is checked after each test (replica checkouts made, no fallback).
+standby's is checked after each test (replica checkouts made, no fallback). The replica
+heartbeat runs meanwhile, as the API runs it (the standby's lag is its age there).
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 
 import pytest
 from prometheus_client import REGISTRY
 
 from app.core.settings import Settings
+from app.db.database import Database
 from tests.conftest import make_settings
 from tests.integration.test_run_views import (
     test_admin_cross_tenant_reads_show_the_runs_rows,
     test_branches_cancelled_by_a_failure_or_a_request_say_which,
     test_rejected_approvals_are_failed_steps,
 )
-from tests.replica.conftest import StreamingPair, sql
+from tests.replica.conftest import StreamingPair, heartbeating, sql
 
 pytestmark = pytest.mark.xdist_group("replica")
 
@@ -57,7 +59,13 @@ def _sample(name: str, labels: dict[str, str]) -> float:
 
 
 @pytest.fixture(autouse=True)
-def _served_by_the_standby() -> Iterator[None]:
+async def _heartbeat(pair: StreamingPair, db: Database) -> AsyncIterator[None]:
+    async with heartbeating(pair, db):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _served_by_the_standby(_heartbeat: None) -> Iterator[None]:
     checkouts = _sample("treadle_db_pool_wait_seconds_count", {"pool": "replica"})
     fallbacks = sum(
         _sample("treadle_db_replica_fallbacks_total", {"reason": r})
