@@ -7,6 +7,7 @@ from pydantic import ValidationError
 
 from app.core.settings import Settings
 from app.db.database import Database
+from app.db.replica import heartbeat_interval
 
 PG = "postgresql+asyncpg://u@127.0.0.1:1/db"
 
@@ -39,3 +40,20 @@ async def test_unset_means_lagging_reads_are_plain_reads_of_the_primary() -> Non
         assert "replica" not in db._pools
     finally:
         await db.dispose()
+
+
+@pytest.mark.parametrize(
+    ("max_lag", "interval"),
+    [
+        (30.0, 1.0),  # the default bound: one beat a second
+        (86400.0, 1.0),  # never slower
+        (1.0, 0.5),  # half a short bound, so an idle standby stays inside it
+        (0.01, 0.1),  # never faster than 0.1 s
+    ],
+)
+def test_the_heartbeat_keeps_well_inside_the_lag_bound(max_lag: float, interval: float) -> None:
+    # docs/adr/0049-replica-lag-from-a-heartbeat.md
+    assert heartbeat_interval(max_lag) == interval
+    assert heartbeat_interval(Settings(read_max_lag_seconds=max_lag).read_max_lag_seconds) == (
+        interval
+    )
