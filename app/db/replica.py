@@ -116,22 +116,22 @@ _BEAT = text(
 # is flushed at once rather than up to wal_writer_delay later (synchronous_commit = off).
 _LOCAL_COMMIT = text("SET LOCAL synchronous_commit TO local")
 
-# Seconds the replica's data may trail the primary: the age, by the replica's clock, of
-# the newest heartbeat it has applied (written by the primary's clock: skewed clocks skew
-# it, as they skew every lag PostgreSQL reports). NULL when no heartbeat reached it. A
-# server not in recovery (the URL names a primary, or a promoted replica) is never behind.
-# The WAL receiver's state is for the log only: without pg_read_all_stats a role sees
-# NULL for it, and "streaming" is no proof of freshness (a partitioned link stays
-# "streaming" until wal_receiver_timeout, a minute by default).
-_LAG_SQL = text(
-    """
-    SELECT pg_is_in_recovery(), CASE
-        WHEN NOT pg_is_in_recovery() THEN 0.0
-        ELSE EXTRACT(EPOCH FROM clock_timestamp() - (
-            SELECT beat_at FROM replica_heartbeat WHERE id = 1))
-    END, (SELECT status FROM pg_stat_wal_receiver)
-    """
+# Whether the server is a standby (a server not in recovery, the URL naming a primary or
+# a promoted replica, is never behind), and its WAL receiver's state, for the log only:
+# without pg_read_all_stats a role sees NULL for it, and "streaming" is no proof of
+# freshness (a partitioned link stays "streaming" until wal_receiver_timeout, a minute by
+# default; a receiver streams while replay is paused).
+_ROLE_SQL = text("SELECT pg_is_in_recovery(), (SELECT status FROM pg_stat_wal_receiver)")
+
+# On a standby, seconds its data may trail the primary: the age, by the standby's clock,
+# of the newest heartbeat it has applied (written by the primary's clock: skewed clocks
+# skew it, as they skew every lag PostgreSQL reports). No row: no heartbeat reached it.
+# A statement of its own so that the role query above needs no Treadle table.
+_AGE_SQL = text(
+    "SELECT EXTRACT(EPOCH FROM clock_timestamp() - beat_at) FROM replica_heartbeat WHERE id = 1"
 )
+
+_UNDEFINED_TABLE = "42P01"
 
 
 def _unavailable(exc: BaseException) -> bool:
@@ -169,17 +169,27 @@ async def replica_status(conn: AsyncConnection) -> ReplicaStatus:
     """Whether the server behind ``conn`` is a standby, and how many seconds it trails.
 
     The lag is the age of the newest ``replica_heartbeat`` row the server has applied
-    (:class:`ReplicaHeartbeat` writes it on the primary), clamped at 0 (clock skew).
-    Runs one statement and ends the transaction it began, so the caller can ``begin()``
-    its own.
+    (:class:`ReplicaHeartbeat` writes it on the primary), clamped at 0 (clock skew); on a
+    standby without that table (the URL names another database, or a schema older than
+    revision 0028) it cannot be told. One round trip on a server that is not a standby,
+    two on one. Ends the transaction it began, so the caller can ``begin()`` its own.
     """
+    lag: float | None = 0.0
     try:
-        in_recovery, value, receiver = (await conn.execute(_LAG_SQL)).one()
+        in_recovery, receiver = (await conn.execute(_ROLE_SQL)).one()
+        if in_recovery:
+            try:
+                age = (await conn.execute(_AGE_SQL)).scalar_one_or_none()
+            except sqlalchemy.exc.ProgrammingError as exc:
+                if getattr(exc.orig, "sqlstate", None) != _UNDEFINED_TABLE:
+                    raise
+                age = None
+            lag = None if age is None else max(float(age), 0.0)
     finally:
         await conn.rollback()
     return ReplicaStatus(
         in_recovery=bool(in_recovery),
-        lag_seconds=None if value is None else max(float(value), 0.0),
+        lag_seconds=lag,
         wal_receiver=None if receiver is None else str(receiver),
     )
 

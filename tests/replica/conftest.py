@@ -126,11 +126,16 @@ class StreamingPair:
             sql(
                 self.primary.dsn(), f'ALTER DATABASE "{name}" SET synchronous_commit = remote_apply'
             )
-        deadline = time.monotonic() + 60
+        self.wait_database(name)
+        return name
+
+    def wait_database(self, name: str, timeout: float = 60) -> None:
+        """Wait until database ``name``, created on the primary, exists on the standby."""
+        deadline = time.monotonic() + timeout
         while True:
             with contextlib.suppress(asyncpg.InvalidCatalogNameError):
                 sql(self.standby.dsn(name), "SELECT 1")
-                return name
+                return
             assert time.monotonic() < deadline, f"database {name} did not reach the standby"
             time.sleep(0.05)
 

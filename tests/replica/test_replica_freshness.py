@@ -160,6 +160,29 @@ async def test_a_replica_without_a_heartbeat_is_not_trusted(
         await db.dispose()
 
 
+async def test_a_standby_of_a_database_without_the_heartbeat_table_is_not_trusted(
+    pair: StreamingPair, tmp_path: Path, database: str
+) -> None:
+    # The read URL names another database of the standby (no Treadle schema): its lag
+    # cannot be told, so the primary serves, rather than every list failing there.
+    other = f"plain_{database}"
+    await asyncio.to_thread(sql, pair.primary.dsn(), f'CREATE DATABASE "{other}"')
+    try:
+        await asyncio.to_thread(pair.wait_database, other)
+        settings = _settings(pair, tmp_path, database, max_lag=30.0)
+        db = Database(settings.model_copy(update={"read_database_url": pair.standby.url(other)}))
+        try:
+            lagging = fallbacks("lagging")
+            assert not await served_by_standby(db)
+            assert fallbacks("lagging") == lagging + 1
+            assert gauge(LAG) == -1.0 and gauge(UP) == 0.0
+        finally:
+            await db.dispose()
+    finally:
+        drop = f'DROP DATABASE IF EXISTS "{other}" WITH (FORCE)'
+        await asyncio.to_thread(sql, pair.primary.dsn(), drop)
+
+
 async def test_many_processes_beating_write_about_once_an_interval(
     pair: StreamingPair, tmp_path: Path, database: str
 ) -> None:
