@@ -118,6 +118,15 @@ def test_kill_9_around_a_backoff_numbers_attempts_without_a_gap(
             timeout=60 + delay,
             what=f"attempt {hold} running",
         )
+
+        def listed_running() -> bool:
+            # Its start record journaled: an attempt killed younger than that (0.1 s on
+            # PostgreSQL, ADR 0040) is counted by the run's lost claims instead, and is
+            # not in the timeline (tests/integration/test_fresh_budgets.py covers it).
+            step = _step(stack, run_id)
+            return step is not None and (step["status"], step["attempt"]) == ("running", hold)
+
+        wait_for_sync(listed_running, timeout=30, what=f"attempt {hold} listed running")
     doomed.send_signal(signal.SIGKILL)
     doomed.wait()
     (shared / f"{name}.release").touch()
