@@ -526,10 +526,10 @@ async def reopen_failed_body_steps(
     """Start a requeued run's failed work over, from its failed point.
 
     Failed, timed-out and cancelled steps and transactions go back to ``pending`` with
-    their attempts reset, lost attempts (``detail.lost_attempts``) included; timed-out signal and approval waits wait again for their
-    original timeout, counted from now; failed (or cancelled) joined children are joined
-    again, so a child that completes meanwhile, or is requeued with its parent, satisfies
-    the parent's ``ctx.child``.
+    their attempts reset, lost attempts (``detail.lost_attempts``) included; timed-out
+    signal and approval waits wait again for their original timeout, counted from now;
+    failed (or cancelled) joined children are joined again, so a child that completes
+    meanwhile, or is requeued with its parent, satisfies the parent's ``ctx.child``.
 
     Returns:
         The run ids of the children whose join was reopened (the caller requeues those
