@@ -30,7 +30,7 @@ from sqlalchemy import RowMapping
 from app.core import json, metrics, tracing
 from app.core.errors import CeilingExceeded, InvalidInput, LeaseLost, PayloadTooLarge
 from app.core.settings import Settings
-from app.core.status import RunReason, RunStatus, StepStatus
+from app.core.status import STATE_MACHINE_KIND, RunReason, RunStatus, StepStatus
 from app.db.database import Database
 from app.engine import story_log, transactions
 from app.engine.emitter import RunEmitter
@@ -170,6 +170,9 @@ class RunExecution:
         self._lost: dict[str, int] = {}
         # Timeline rows when this execution began (resumed runs only): events ceiling.
         self.events_at_claim = 0
+        # Body position the run's latest requeue or retry counts its fresh budget from
+        # (state machines' max_transitions; docs/adr/0049-an-attempt-counts-when-it-starts.md).
+        self.budget_seq = 0
         # ctx.logger: lines wait here for the next fenced write (docs/adr/0027-run-logs.md).
         body_seqs = [s for s in self.entries_by_seq if s < COMPENSATION_SEQ_BASE]
         self.logbook = RunLogBook(
@@ -265,6 +268,8 @@ class RunExecution:
             # the emits ceiling (one index range scan). Fresh runs have a single event
             # and skip the query.
             self.events_at_claim, kept_emits = await self.journal.timeline_counts()
+            if self.definition.kind == STATE_MACHINE_KIND:
+                self.budget_seq = await self.journal.requeue_horizon()
         self.emitter.start(kept_emits)
         from app.engine.context import ReplayContext
 

@@ -349,6 +349,15 @@ class RunJournal:
         async with self.db.read() as conn:
             return await events_q.counts_for_run(conn, self.run_id, tenant_id=self.tenant_id)
 
+    async def requeue_horizon(self) -> int:
+        """Where the run's latest requeue or retry began its fresh budget (a body ``seq``).
+
+        Raises:
+            Whatever the read raised (the worker gives the run back on a fault).
+        """
+        async with self.db.read() as conn:
+            return await events_q.requeue_horizon(conn, self.run_id, tenant_id=self.tenant_id)
+
     async def is_paused(self) -> bool:
         """Whether an operator paused the run (after writing a held step result).
 

@@ -35,6 +35,7 @@ from app.db.tables import events, runs, steps
 from app.engine.batches import BatchRunner
 from app.engine.registry import Registry
 from app.sdk import RetryPolicy, WorkflowContext, current_step, workflow
+from app.sdk.state_machine import StateMachine, state_machine
 from app.worker.worker import Worker
 from tests.conftest import make_settings
 from tests.helpers import wait_for
@@ -75,7 +76,40 @@ async def flaky_flow(ctx: WorkflowContext, k: Key) -> str:
     return await ctx.step(fails_three_times, k.key, retry=policy)
 
 
-REGISTRY = Registry([once_flow, flaky_flow])
+class Loop(StateMachine):
+    """The test machine: it goes round until its parent may finish."""
+
+
+class Idle(Loop):
+    """Initial."""
+
+
+class Round(Loop):
+    """One more round."""
+
+    n: int
+
+
+class Finished(Loop):
+    """Terminal."""
+
+    rounds: int
+
+
+# Parents whose machine may reach its terminal state.
+may_finish: set[str] = set()
+
+
+@state_machine("fb-loop", initial=Idle, terminal=[Finished], max_transitions=2)
+async def loop(parent: str, k: Key, state: Loop) -> Loop:
+    """Idle → Round(1) → Round(2) … → Finished once ``parent`` is in :data:`may_finish`."""
+    rounds = state.n if isinstance(state, Round) else 0
+    if parent in may_finish:
+        return Finished(rounds=rounds)
+    return Round(n=rounds + 1)
+
+
+REGISTRY = Registry([once_flow, flaky_flow, loop.definition])
 
 
 async def _submit(client: httpx.AsyncClient, workflow_name: str, key: str) -> uuid.UUID:
@@ -264,3 +298,60 @@ async def test_step_attempts_start_over(
     kinds = await _kinds(db, run_id)
     assert kinds.count("step_started") == 4  # every attempt of both budgets
     assert kinds.count("run_failed") == 1
+
+
+@pytest.mark.parametrize("path", PATHS)
+async def test_state_machine_transitions_start_over(
+    database_url: str, tmp_path: Any, db: Database, path: str
+) -> None:
+    """Failed after ``max_transitions=2`` without a terminal state, put back: 2 more.
+
+    The two journaled transitions replay from the journal and do not count against the
+    new budget; the third reaches the terminal state. A second exhaustion after the
+    requeue would fail again: the fresh budget is ``max_transitions``, not unbounded.
+    """
+    settings = make_settings(database_url, tmp_path)
+    async with db.write() as conn:
+        await REGISTRY.register(conn)
+    parent = f"loop-{next(_ids)}"
+    async with support.api_client(settings, db, TENANT) as client:
+        resp = await client.post(
+            "/runs",
+            json={"workflow": "fb-loop", "input": {"key": parent}, "concurrency_key": parent},
+        )
+        assert resp.status_code == 201, resp.text
+        run_id = uuid.UUID(resp.json()["run_id"])
+        row = await _execute(settings, db, run_id)
+        assert (row["status"], row["reason"]) == ("failed", "failure_transitions_exhausted")
+
+        await _put_back(path, client, settings, db, run_id)
+        may_finish.add(parent)
+        row = await _execute(settings, db, run_id)
+        assert row["status"] == "completed", row["error"]
+        assert json.loads(row["output"]) == {"name": "Finished", "fields": {"rounds": 2}}
+
+        # Exhausted again within the new budget: fails again, and is put back again.
+        may_finish.discard(parent)
+        second = f"{parent}-b"
+        resp = await client.post(
+            "/runs",
+            json={"workflow": "fb-loop", "input": {"key": second}, "concurrency_key": second},
+        )
+        run_b = uuid.UUID(resp.json()["run_id"])
+        row = await _execute(settings, db, run_b)
+        assert row["reason"] == "failure_transitions_exhausted"
+        await _put_back(path, client, settings, db, run_b)
+        row = await _execute(settings, db, run_b)
+        assert (row["status"], row["reason"]) == ("failed", "failure_transitions_exhausted")
+        async with db.read() as conn:
+            found = await conn.execute(
+                select(steps.c.step_id).where(steps.c.run_id == run_b).order_by(steps.c.seq)
+            )
+            transitions = [str(s) for s in found.scalars()]
+    # Two budgets of two transitions each, every one journaled once.
+    assert transitions == [
+        "transition-1:Idle",
+        "transition-2:Round",
+        "transition-3:Round",
+        "transition-4:Round",
+    ]

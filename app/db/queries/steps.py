@@ -491,6 +491,31 @@ async def _forget_budgets(conn: AsyncConnection, where: list[Any]) -> None:
         )
 
 
+async def budget_horizon(
+    conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str, below: int
+) -> int:
+    """The body position a requeue's fresh budget counts from: past the last step that stands.
+
+    One more than the highest ``seq`` under ``below`` (where compensations' positions
+    begin) of the run's body entries that did not end
+    unsuccessfully (read before they are reopened), 0 with none. Work journaled at or
+    after it is the new budget's (a reopened step is). Read by the state machine, whose
+    ``max_transitions`` counts transitions from it
+    (docs/adr/0049-an-attempt-counts-when-it-starts.md).
+    """
+    top = (
+        await conn.execute(
+            select(func.max(steps.c.seq)).where(
+                steps.c.tenant_id == tenant_id,
+                steps.c.run_id == run_id,
+                steps.c.seq < below,
+                steps.c.status.not_in(_ENDED_UNSUCCESSFULLY),
+            )
+        )
+    ).scalar_one()
+    return 0 if top is None else int(top) + 1
+
+
 async def reopen_failed_compensations(
     conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str
 ) -> int:
