@@ -646,7 +646,10 @@ class RunExecution:
                 lost += 1
                 await self._lost_ceiling(step_id, lost, attempt)
         inherited = self.journal.lost_claims
-        if inherited and (entry is None or StepStatus(entry["status"]) == StepStatus.PENDING):
+        if inherited and (
+            entry is None
+            or StepStatus(entry["status"]) not in (StepStatus.RUNNING, StepStatus.RETRY_WAIT)
+        ):
             # The claims before this one lost their lease with no step progress journaled
             # since: the worker died between the last checkpoint and this step's first
             # write, i.e. in an attempt of this step that finished too soon to write a
@@ -656,6 +659,7 @@ class RunExecution:
             # start record before it runs (``_attempt``), so a ``retry_wait`` entry means
             # that attempt never began, and the worker died in the backoff: no attempt
             # ran, none is counted (docs/adr/0049-an-attempt-counts-when-it-starts.md).
+            # (A ``running`` entry is counted above, once.)
             lost += inherited
             attempt += inherited
             self.journal.defer_start(
