@@ -80,6 +80,9 @@ class ReplayContext(WorkflowContext):
         execution.logbook.follow(lambda: self._seq)
         execution.emitter.follow(lambda: self._seq)
 
+    def _in_fresh_budget(self) -> bool:
+        return self._seq >= self._exec.budget_seq
+
     def _assign(self, base: str, kind: str, fn_name: str) -> tuple[str, int, RowMapping | None]:
         seq = self._seq
         self._seq += 1

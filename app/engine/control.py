@@ -30,6 +30,7 @@ from app.db.queries import signals as signals_q
 from app.db.queries import steps as steps_q
 from app.db.tables import steps
 from app.engine import slots, webhooks
+from app.engine.outcomes import COMPENSATION_SEQ_BASE
 from app.engine.waits import resolve_decisions
 from app.engine.wakeup import notify
 
@@ -501,6 +502,10 @@ async def _requeue_run(
 ) -> RowMapping:
     """Requeue one failed, locked run (see :func:`requeue_dead_letter`); its dead letter."""
     run_id: uuid.UUID = run["run_id"]
+    # Where the fresh budget begins (state machines' max_transitions), read before reopening.
+    budget_seq = await steps_q.budget_horizon(
+        conn, run_id, tenant_id=run["tenant_id"], below=COMPENSATION_SEQ_BASE
+    )
     children: list[uuid.UUID] = []
     cause_reason: str | None = None
     cause_error: str | None = None
@@ -543,6 +548,7 @@ async def _requeue_run(
             "reason": reason,
             "correlation_id": correlation_id,
             "status": into.value,
+            "budget_seq": budget_seq,
             **({} if run["concurrency_key"] is None else {"concurrency_slot": slot}),
         },
     )

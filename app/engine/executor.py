@@ -30,7 +30,7 @@ from sqlalchemy import RowMapping
 from app.core import json, metrics, tracing
 from app.core.errors import CeilingExceeded, InvalidInput, LeaseLost, PayloadTooLarge
 from app.core.settings import Settings
-from app.core.status import RunReason, RunStatus, StepStatus
+from app.core.status import STATE_MACHINE_KIND, RunReason, RunStatus, StepStatus
 from app.db.database import Database
 from app.engine import story_log, transactions
 from app.engine.emitter import RunEmitter
@@ -170,6 +170,9 @@ class RunExecution:
         self._lost: dict[str, int] = {}
         # Timeline rows when this execution began (resumed runs only): events ceiling.
         self.events_at_claim = 0
+        # Body position the run's latest requeue or retry counts its fresh budget from
+        # (state machines' max_transitions; docs/adr/0049-an-attempt-counts-when-it-starts.md).
+        self.budget_seq = 0
         # ctx.logger: lines wait here for the next fenced write (docs/adr/0027-run-logs.md).
         body_seqs = [s for s in self.entries_by_seq if s < COMPENSATION_SEQ_BASE]
         self.logbook = RunLogBook(
@@ -265,6 +268,8 @@ class RunExecution:
             # the emits ceiling (one index range scan). Fresh runs have a single event
             # and skip the query.
             self.events_at_claim, kept_emits = await self.journal.timeline_counts()
+            if self.definition.kind == STATE_MACHINE_KIND:
+                self.budget_seq = await self.journal.requeue_horizon()
         self.emitter.start(kept_emits)
         from app.engine.context import ReplayContext
 
@@ -641,12 +646,20 @@ class RunExecution:
                 lost += 1
                 await self._lost_ceiling(step_id, lost, attempt)
         inherited = self.journal.lost_claims
-        if inherited and (entry is None or StepStatus(entry["status"]) != StepStatus.RUNNING):
+        if inherited and (
+            entry is None
+            or StepStatus(entry["status"]) not in (StepStatus.RUNNING, StepStatus.RETRY_WAIT)
+        ):
             # The claims before this one lost their lease with no step progress journaled
             # since: the worker died between the last checkpoint and this step's first
             # write, i.e. in an attempt of this step that finished too soon to write a
             # start record (or in the workflow code just before it). Counted as this
-            # step's lost attempts, as a ``running`` entry would be (ADR 0040).
+            # step's lost attempts, as a ``running`` entry would be (ADR 0040). Not for
+            # a step waiting out a retry backoff: the attempt after a backoff writes its
+            # start record before it runs (``_attempt``), so a ``retry_wait`` entry means
+            # that attempt never began, and the worker died in the backoff: no attempt
+            # ran, none is counted (docs/adr/0049-an-attempt-counts-when-it-starts.md).
+            # (A ``running`` entry is counted above, once.)
             lost += inherited
             attempt += inherited
             self.journal.defer_start(
@@ -676,6 +689,9 @@ class RunExecution:
                 if remaining > 0:
                     await asyncio.sleep(remaining)
             attempt += 1
+            # An attempt after a backoff is journaled as started before it runs: the
+            # start record is what tells a later claim that the backoff was over.
+            after_backoff = due is not None
             self._active += 1
             workflow = self.definition.name
             metrics.STEP_ATTEMPTS.labels(workflow).inc()
@@ -696,6 +712,7 @@ class RunExecution:
                     kind,
                     detail,
                     transactional or kind == "transaction",
+                    after_backoff,
                 )
                 outcome = "retry" if isinstance(result, _Retry) else "succeeded"
             finally:
@@ -736,7 +753,23 @@ class RunExecution:
         kind: str,
         detail: str | None,
         transactional: bool,
+        after_backoff: bool,
     ) -> Any:
+        if after_backoff:
+            # The end of a retry backoff is made durable by this attempt's start record,
+            # written now (one commit more, for retries only): without it a worker killed
+            # in the backoff and one killed in a quick attempt after it leave the same
+            # journal, and the backoff would be charged as a lost attempt that never ran
+            # (docs/adr/0049-an-attempt-counts-when-it-starts.md).
+            await self.journal.start_attempt(
+                step_id=step_id,
+                seq=seq,
+                kind=kind,
+                name=name,
+                attempt=attempt,
+                max_attempts=retry.max_attempts,
+                detail=detail,
+            )
         if transactional:
             # A parallel branch's held result first: the step's transaction is a write of
             # the run, and runs after every result journaled before it.
@@ -755,30 +788,32 @@ class RunExecution:
                 adapter=adapter,
                 detail=detail,
                 kind=kind,
+                started=after_backoff,
             )
 
         # The start record is held and written with the result: one commit for an attempt
         # that finishes within TREADLE_STEP_START_RECORD_AFTER_SECONDS; a longer one gets
         # it when that time is up (docs/adr/0040-one-commit-per-step.md).
-        self.journal.defer_start(
-            step_id=step_id,
-            seq=seq,
-            kind=kind,
-            name=name,
-            attempt=attempt,
-            max_attempts=retry.max_attempts,
-            detail=detail,
-            started_at=self.attempt_started_at(),
-        )
         # PostgreSQL only: an embedded SQLite commit costs no round trip, and its writes
         # would then carry the worker's clock estimate beside the database's (ADR 0040).
         after = (
             self.settings.step_start_record_after_seconds
-            if self.db.dialect == "postgresql"
+            if self.db.dialect == "postgresql" and not after_backoff
             else 0.0
         )
-        if after <= 0:
-            await self.journal.write_deferred_start(step_id, now=True)
+        if not after_backoff:
+            self.journal.defer_start(
+                step_id=step_id,
+                seq=seq,
+                kind=kind,
+                name=name,
+                attempt=attempt,
+                max_attempts=retry.max_attempts,
+                detail=detail,
+                started_at=self.attempt_started_at(),
+            )
+            if after <= 0:
+                await self.journal.write_deferred_start(step_id, now=True)
         info = StepInfo(
             run_id=self.run_id,
             step_id=step_id,

@@ -349,6 +349,15 @@ class RunJournal:
         async with self.db.read() as conn:
             return await events_q.counts_for_run(conn, self.run_id, tenant_id=self.tenant_id)
 
+    async def requeue_horizon(self) -> int:
+        """Where the run's latest requeue or retry began its fresh budget (a body ``seq``).
+
+        Raises:
+            Whatever the read raised (the worker gives the run back on a fault).
+        """
+        async with self.db.read() as conn:
+            return await events_q.requeue_horizon(conn, self.run_id, tenant_id=self.tenant_id)
+
     async def is_paused(self) -> bool:
         """Whether an operator paused the run (after writing a held step result).
 
@@ -734,6 +743,7 @@ class RunJournal:
         max_attempts: int,
         detail: str | None,
         output: str,
+        started: bool = False,
     ) -> None:
         """Checkpoint a transactional step inside its own transaction (``conn``).
 
@@ -742,21 +752,24 @@ class RunJournal:
         writes back with the rest. Start and result are journaled together: a crash
         inside the transaction leaves nothing to account for. Nothing rides along (log
         lines and markers wait for the next write, which a retry cannot roll back).
+        ``started``: the start record was written before the transaction (an attempt
+        after a retry backoff, :meth:`start_attempt`); only the result is written.
 
         Raises:
             LeaseLost: the fence moved.
         """
         await runs_q.check_fence(conn, self.run_id, self.fence, tenant_id=self.tenant_id)
-        await self._start_rows(
-            conn,
-            step_id=step_id,
-            seq=seq,
-            kind=kind,
-            name=name,
-            attempt=attempt,
-            max_attempts=max_attempts,
-            detail=detail,
-        )
+        if not started:
+            await self._start_rows(
+                conn,
+                step_id=step_id,
+                seq=seq,
+                kind=kind,
+                name=name,
+                attempt=attempt,
+                max_attempts=max_attempts,
+                detail=detail,
+            )
         await self._success_rows(conn, step_id=step_id, attempt=attempt, output=output)
 
     async def schedule_retry(

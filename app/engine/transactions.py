@@ -88,10 +88,14 @@ async def attempt(
     adapter: TypeAdapter[Any],
     detail: str | None,
     kind: str = "transaction",
+    started: bool = False,
 ) -> Any:
     """Run one attempt of a transactional step (see ``WorkflowContext.transaction``).
 
     ``kind`` is journaled: ``transaction``, or ``compensation`` for a transactional undo.
+    ``started``: the attempt's start record is already journaled (an attempt after a retry
+    backoff, docs/adr/0049-an-attempt-counts-when-it-starts.md), so neither the
+    checkpoint nor a failure writes it again.
 
     Returns:
         The validated result (as a replay would return it), or the executor's retry marker
@@ -153,6 +157,7 @@ async def attempt(
                 max_attempts=retry.max_attempts,
                 detail=detail,
                 output=text,
+                started=started,
             )
         return text
 
@@ -166,7 +171,7 @@ async def attempt(
             once, attempts=ex.settings.db_retry_attempts, what="transactional step"
         )
     except _BadOutput as exc:
-        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind, started)
         await ex.give_up(
             step_id,
             StepStatus.FAILED,
@@ -175,12 +180,12 @@ async def attempt(
             attempt,
         )
     except Permanent as exc:
-        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind, started)
         await ex.give_up(
             step_id, StepStatus.FAILED, RunReason.FAILURE_NON_RETRYABLE, _error_info(exc), attempt
         )
     except TimeoutError as exc:
-        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind, started)
         return await ex.after_error(step_id, retry, attempt, exc, timed_out=timeout)
     except Exception as exc:  # any other error is retryable by contract, but faults
         fault = classify(exc)
@@ -190,7 +195,7 @@ async def attempt(
             # disk full, a system error, an unknown SQLSTATE): the transaction rolled back,
             # so nothing happened; the run is given back instead of spending an attempt.
             raise CheckpointFault(ex.run_id, fault.value) from exc
-        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind)
+        await _start_failed_attempt(ex, step_id, seq, name, retry, attempt, detail, kind, started)
         return await ex.after_error(step_id, retry, attempt, exc, timed_out=None)
     finally:
         _current_step.reset(token)
@@ -212,9 +217,13 @@ async def _start_failed_attempt(
     attempt: int,
     detail: str | None,
     kind: str,
+    started: bool,
 ) -> None:
     # The attempt's transaction was rolled back; journal that it happened, so the failure
-    # written next (by the executor) counts against the retry budget.
+    # written next (by the executor) counts against the retry budget. Unless its start
+    # record was written before the transaction (an attempt after a backoff).
+    if started:
+        return
     await ex.journal.start_attempt(
         step_id=step_id,
         seq=seq,

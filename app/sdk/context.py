@@ -245,6 +245,15 @@ class WorkflowContext(abc.ABC):
         the latest.
         """
 
+    def _in_fresh_budget(self) -> bool:
+        """Engine hook: whether the next durable call counts against the current budget.
+
+        False for a call replayed from before the run's latest requeue or retry, whose
+        budget was spent then (state machines count ``max_transitions`` with it,
+        docs/adr/0049-an-attempt-counts-when-it-starts.md). True unless an engine knows.
+        """
+        return True
+
     @abc.abstractmethod
     async def sleep(self, seconds: float) -> None:
         """Durable timer: wait ``seconds`` of *database* time (status ``waiting_timer``).

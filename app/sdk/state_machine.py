@@ -478,10 +478,17 @@ def _definition(
             )
         state: StateMachine = spec.initial()
         step_id = "start"
-        for n in range(1, spec.max_transitions + 1):
+        n = 0
+        # Transitions of the current budget: a requeue or retry gives a fresh one, so the
+        # transitions replayed from before it do not count (ctx._in_fresh_budget).
+        counted = 0
+        while counted < spec.max_transitions:
+            n += 1
             seconds = spec.timers.get(state.state_name)
             if seconds is not None:
                 await ctx.sleep(seconds)
+            if ctx._in_fresh_budget():
+                counted += 1
             step_id = f"{TRANSITION_STEP_PREFIX}{n}:{state.state_name}"
             raw = await ctx._transaction(
                 transition,

@@ -177,3 +177,26 @@ async def follow_position(
     if row is None:
         return None
     return str(row[0]), row[1], None if row[2] is None else int(row[2])
+
+
+async def requeue_horizon(conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str) -> int:
+    """The ``budget_seq`` of the run's latest ``dead_letter_requeued`` event; 0 if none.
+
+    Where the budget of a requeued run's ``max_transitions`` begins (the requeue records
+    it, docs/adr/0049-an-attempt-counts-when-it-starts.md). One backward scan of the
+    run's events key, filtered by kind.
+    """
+    data = (
+        await conn.execute(
+            select(events.c.data)
+            .where(
+                events.c.tenant_id == tenant_id,
+                events.c.run_id == run_id,
+                events.c.kind == EventKind.DEAD_LETTER_REQUEUED.value,
+            )
+            .order_by(events.c.event_id.desc())
+            .limit(1)
+        )
+    ).scalar_one_or_none()
+    loaded = json.loads(data) if data else None
+    return int(loaded.get("budget_seq", 0)) if isinstance(loaded, dict) else 0

@@ -822,7 +822,9 @@ async def requeue_run(
 
     Claimable now unless it waits for a concurrency slot (``blocked_reason``).
     ``reason`` / ``error``: what a ``compensating`` run is undoing (None otherwise). The
-    run's old slot number is overwritten: another run may hold it by now.
+    run's old slot number is overwritten: another run may hold it by now. Its lost claims
+    start again from 0: a requeue is a fresh budget (docs/guarantees.md); the claims that
+    were lost stay in the timeline (``run_claimed`` events).
     """
     now = now_expr(_dialect(conn))
     await conn.execute(
@@ -838,6 +840,7 @@ async def requeue_run(
             not_before=None,
             blocked_reason=blocked_reason,
             available_at=None if blocked_reason else now,
+            lost_claims=0,
             updated_at=now,
         )
     )

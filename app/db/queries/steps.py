@@ -467,22 +467,74 @@ async def compensation_began(conn: AsyncConnection, run_id: uuid.UUID, *, tenant
     return (await conn.execute(stmt.limit(1))).first() is not None
 
 
+# What a step's ``detail`` counts against the run's budgets: a requeued step starts over
+# without it (the timeline keeps every attempt that ran, ``step_started`` per attempt).
+_BUDGET_DETAIL_KEYS = ("lost_attempts",)
+
+
+async def _forget_budgets(conn: AsyncConnection, where: list[Any]) -> None:
+    """Drop the budget counters from the ``detail`` of the steps ``where`` selects.
+
+    Rewritten in Python, not with the dialects' JSON functions: a requeue touches a few
+    rows, and the detail stays the compact text the engine writes everywhere else.
+    """
+    rows = (await conn.execute(select(steps.c.step_id, steps.c.detail).where(*where))).all()
+    for step_id, detail in rows:
+        marks = json.loads(detail) if detail else None
+        if not isinstance(marks, dict) or not any(k in marks for k in _BUDGET_DETAIL_KEYS):
+            continue
+        kept = {k: v for k, v in marks.items() if k not in _BUDGET_DETAIL_KEYS}
+        await conn.execute(
+            update(steps)
+            .where(*where, steps.c.step_id == step_id)
+            .values(detail=json.dumps(kept) if kept else None)
+        )
+
+
+async def budget_horizon(
+    conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str, below: int
+) -> int:
+    """The body position a requeue's fresh budget counts from: past the last step that stands.
+
+    One more than the highest ``seq`` under ``below`` (where compensations' positions
+    begin) of the run's body entries that did not end
+    unsuccessfully (read before they are reopened), 0 with none. Work journaled at or
+    after it is the new budget's (a reopened step is). Read by the state machine, whose
+    ``max_transitions`` counts transitions from it
+    (docs/adr/0049-an-attempt-counts-when-it-starts.md).
+    """
+    top = (
+        await conn.execute(
+            select(func.max(steps.c.seq)).where(
+                steps.c.tenant_id == tenant_id,
+                steps.c.run_id == run_id,
+                steps.c.seq < below,
+                steps.c.status.not_in(_ENDED_UNSUCCESSFULLY),
+            )
+        )
+    ).scalar_one()
+    return 0 if top is None else int(top) + 1
+
+
 async def reopen_failed_compensations(
     conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id: str
 ) -> int:
     """Start the run's failed (timed-out, cancelled) compensations over; returns how many.
 
     Only those: compensations that succeeded stay done, and body steps are not touched
-    (the requeued run is undone, not resumed). Attempts reset, as for a requeued step.
+    (the requeued run is undone, not resumed). Attempts reset, as for a requeued step,
+    lost attempts too.
     """
+    where = [
+        steps.c.tenant_id == tenant_id,
+        steps.c.run_id == run_id,
+        steps.c.kind == "compensation",
+        steps.c.status.in_(_ENDED_UNSUCCESSFULLY),
+    ]
+    await _forget_budgets(conn, where)
     result = await conn.execute(
         update(steps)
-        .where(
-            steps.c.tenant_id == tenant_id,
-            steps.c.run_id == run_id,
-            steps.c.kind == "compensation",
-            steps.c.status.in_(_ENDED_UNSUCCESSFULLY),
-        )
+        .where(*where)
         .values(
             status=StepStatus.PENDING.value,
             attempt=0,
@@ -499,24 +551,26 @@ async def reopen_failed_body_steps(
     """Start a requeued run's failed work over, from its failed point.
 
     Failed, timed-out and cancelled steps and transactions go back to ``pending`` with
-    their attempts reset; timed-out signal and approval waits wait again for their
-    original timeout, counted from now; failed (or cancelled) joined children are joined
-    again, so a child that completes meanwhile, or is requeued with its parent, satisfies
-    the parent's ``ctx.child``.
+    their attempts reset, lost attempts (``detail.lost_attempts``) included; timed-out
+    signal and approval waits wait again for their original timeout, counted from now;
+    failed (or cancelled) joined children are joined again, so a child that completes
+    meanwhile, or is requeued with its parent, satisfies the parent's ``ctx.child``.
 
     Returns:
         The run ids of the children whose join was reopened (the caller requeues those
         that are failed).
     """
     dialect = conn.dialect.name
+    where = [
+        steps.c.tenant_id == tenant_id,
+        steps.c.run_id == run_id,
+        steps.c.kind.in_(["step", "transaction"]),
+        steps.c.status.in_(_ENDED_UNSUCCESSFULLY),
+    ]
+    await _forget_budgets(conn, where)
     await conn.execute(
         update(steps)
-        .where(
-            steps.c.tenant_id == tenant_id,
-            steps.c.run_id == run_id,
-            steps.c.kind.in_(["step", "transaction"]),
-            steps.c.status.in_(_ENDED_UNSUCCESSFULLY),
-        )
+        .where(*where)
         .values(status=StepStatus.PENDING.value, attempt=0, next_attempt_at=None)
     )
     waits = (
