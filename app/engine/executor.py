@@ -171,7 +171,7 @@ class RunExecution:
         # Timeline rows when this execution began (resumed runs only): events ceiling.
         self.events_at_claim = 0
         # Body position the run's latest requeue or retry counts its fresh budget from
-        # (state machines' max_transitions; docs/adr/0049-an-attempt-counts-when-it-starts.md).
+        # (state machines' max_transitions; docs/adr/0050-an-attempt-counts-when-it-starts.md).
         self.budget_seq = 0
         # ctx.logger: lines wait here for the next fenced write (docs/adr/0027-run-logs.md).
         body_seqs = [s for s in self.entries_by_seq if s < COMPENSATION_SEQ_BASE]
@@ -658,7 +658,7 @@ class RunExecution:
             # a step waiting out a retry backoff: the attempt after a backoff writes its
             # start record before it runs (``_attempt``), so a ``retry_wait`` entry means
             # that attempt never began, and the worker died in the backoff: no attempt
-            # ran, none is counted (docs/adr/0049-an-attempt-counts-when-it-starts.md).
+            # ran, none is counted (docs/adr/0050-an-attempt-counts-when-it-starts.md).
             # (A ``running`` entry is counted above, once.)
             lost += inherited
             attempt += inherited
@@ -760,7 +760,7 @@ class RunExecution:
             # written now (one commit more, for retries only): without it a worker killed
             # in the backoff and one killed in a quick attempt after it leave the same
             # journal, and the backoff would be charged as a lost attempt that never ran
-            # (docs/adr/0049-an-attempt-counts-when-it-starts.md).
+            # (docs/adr/0050-an-attempt-counts-when-it-starts.md).
             await self.journal.start_attempt(
                 step_id=step_id,
                 seq=seq,

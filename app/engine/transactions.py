@@ -94,7 +94,7 @@ async def attempt(
 
     ``kind`` is journaled: ``transaction``, or ``compensation`` for a transactional undo.
     ``started``: the attempt's start record is already journaled (an attempt after a retry
-    backoff, docs/adr/0049-an-attempt-counts-when-it-starts.md), so neither the
+    backoff, docs/adr/0050-an-attempt-counts-when-it-starts.md), so neither the
     checkpoint nor a failure writes it again.
 
     Returns:

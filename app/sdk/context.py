@@ -250,7 +250,7 @@ class WorkflowContext(abc.ABC):
 
         False for a call replayed from before the run's latest requeue or retry, whose
         budget was spent then (state machines count ``max_transitions`` with it,
-        docs/adr/0049-an-attempt-counts-when-it-starts.md). True unless an engine knows.
+        docs/adr/0050-an-attempt-counts-when-it-starts.md). True unless an engine knows.
         """
         return True
 

@@ -183,7 +183,7 @@ async def requeue_horizon(conn: AsyncConnection, run_id: uuid.UUID, *, tenant_id
     """The ``budget_seq`` of the run's latest ``dead_letter_requeued`` event; 0 if none.
 
     Where the budget of a requeued run's ``max_transitions`` begins (the requeue records
-    it, docs/adr/0049-an-attempt-counts-when-it-starts.md). One backward scan of the
+    it, docs/adr/0050-an-attempt-counts-when-it-starts.md). One backward scan of the
     run's events key, filtered by kind.
     """
     data = (

@@ -501,7 +501,7 @@ async def budget_horizon(
     unsuccessfully (read before they are reopened), 0 with none. Work journaled at or
     after it is the new budget's (a reopened step is). Read by the state machine, whose
     ``max_transitions`` counts transitions from it
-    (docs/adr/0049-an-attempt-counts-when-it-starts.md).
+    (docs/adr/0050-an-attempt-counts-when-it-starts.md).
     """
     top = (
         await conn.execute(
