@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import json
 import time
+import types
 import uuid
 from collections.abc import AsyncGenerator, AsyncIterator
 from pathlib import Path
@@ -108,6 +109,12 @@ def _follow(
     )
 
 
+def _finished(frames: AsyncGenerator[bytes, None]) -> bool:
+    """True once the generator finished or was closed: it can run no more code."""
+    assert isinstance(frames, types.AsyncGeneratorType)
+    return frames.ag_frame is None
+
+
 async def _until_end(frames: AsyncGenerator[bytes, None]) -> dict[str, object]:
     deadline = time.monotonic() + 30
     async for frame in frames:
@@ -136,7 +143,7 @@ async def test_a_revoked_key_ends_the_stream_and_nothing_reads_after(
     assert end["cause"] == "credential_revoked" and end["status"] == "queued"
     with pytest.raises(StopAsyncIteration):
         await anext(frames)
-    assert frames.ag_frame is None  # finished: it can run no more
+    assert _finished(frames)  # finished: it can run no more
     assert counting.reads == reads  # nothing read after the end
 
 
@@ -210,7 +217,7 @@ async def test_a_disconnect_closes_the_stream_generator(
     response = EventStreamResponse(frames, streams, "acme")
     scope = {"type": "http", "asgi": {"version": "3.0", "spec_version": "2.4"}}
     await asyncio.wait_for(response(scope, receive, send), 30)
-    assert frames.ag_frame is None  # finished: it can run no more
+    assert _finished(frames)  # finished: it can run no more
     assert streams.open_count("acme") == 0
     reads = counting.reads
     with pytest.raises(StopAsyncIteration):
