@@ -424,8 +424,7 @@ class AsyncTreadleClient:
         token is no longer accepted raises (see ``Raises``), it is not resumed. A
         dropped connection, a read timeout (no heartbeat within ``timeout`` seconds) or a
         server shutting down is resumed with ``Last-Event-ID``, so each event is yielded
-        once, in order; 429/503 answers
-        are retried after their ``Retry-After``.
+        once, in order; 429/503 answers are retried after their ``Retry-After``.
 
         Args:
             run_id: the run.
