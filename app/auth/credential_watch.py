@@ -89,11 +89,6 @@ class CredentialWatch:
         self._verified = verified
         self._due = self._next_due()
 
-    @property
-    def principal_tenant(self) -> str:
-        """The tenant of the principal the credential names."""
-        return self._verified.principal.tenant_id
-
     def seconds_left(self) -> float:
         """Seconds until the next check is due (0 when due now); never negative."""
         return max(self._due - self._clock(), 0.0)
