@@ -84,9 +84,10 @@ async def get_principal(
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthenticated("missing bearer token")
     authenticator: Authenticator = request.app.state.authenticator
+    generation = authenticator.generation
     verified = await authenticator.authenticate_verified(credentials.credentials)
     # Kept for a long-lived response, which re-checks it while open (watch_credential).
-    request.state.credential = (credentials.credentials, verified)
+    request.state.credential = (credentials.credentials, verified, generation)
     return verified.principal
 
 
@@ -98,12 +99,13 @@ def watch_credential(request: Request, settings: Settings) -> CredentialWatch:
     Only valid after :func:`get_principal` ran for this request (any route taking a
     principal).
     """
-    token, verified = request.state.credential
+    token, verified, generation = request.state.credential
     return CredentialWatch(
         request.app.state.authenticator,
         token,
         verified,
         recheck_seconds=settings.auth_recheck_seconds,
+        generation=generation,
     )
 
 

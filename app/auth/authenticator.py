@@ -38,7 +38,13 @@ class ApiKeyVerifier(Protocol):
 
 
 class TenantGate(Protocol):
-    """Refuses principals of suspended tenants (implemented by the engine's tenants)."""
+    """Refuses principals of suspended tenants (implemented by the engine's tenants).
+
+    Attributes:
+        generation: bumped by every suspend or resume made through this process.
+    """
+
+    generation: int
 
     async def ensure_active(self, principal: Principal) -> None:
         """Return if the principal may act.
@@ -127,6 +133,15 @@ class Authenticator:
         refused from ``exp + leeway`` on (joserfc refuses ``exp <= now - leeway``).
         """
         return self._leeway
+
+    @property
+    def generation(self) -> tuple[int, int]:
+        """Changes whenever this process revokes an API key or suspends or resumes a tenant.
+
+        The cache's generation and the tenant gate's: a long-lived response that sees it
+        change re-checks its credential at once (app/auth/credential_watch.py).
+        """
+        return (self.cache.generation, self._tenants.generation if self._tenants else 0)
 
     async def authenticate(self, token: str) -> Principal:
         """Return the token's principal, provided its tenant may act.

@@ -13,10 +13,11 @@ principal may still act) therefore applies to such a response too
 - **On revocation or suspension, within a bounded delay**: every
   ``TREADLE_AUTH_RECHECK_SECONDS`` the token goes through the same
   :meth:`Authenticator.authenticate_verified` as a new request (its cache, TTL and tenant
-  window included). So an API key revoked or a tenant suspended through this process is
-  noticed within that interval; through another process or the CLI, within the interval
-  plus ``TREADLE_AUTH_CACHE_TTL_SECONDS`` (a key) or ``TREADLE_TENANT_CACHE_SECONDS`` (a
-  tenant), the windows a new request has too.
+  window included), and at once when this process revoked a key or suspended or resumed
+  a tenant (:attr:`Authenticator.generation` moved). So an API key revoked or a tenant
+  suspended through this process is noticed at the response's next poll; through another
+  process or the CLI, within the interval plus ``TREADLE_AUTH_CACHE_TTL_SECONDS`` (a key)
+  or ``TREADLE_TENANT_CACHE_SECONDS`` (a tenant), the windows a new request has too.
 
 A check the identity provider cannot answer (its keys cannot be loaded: 503 for a new
 request) does not end the response: the token may well be valid, the expiry timer still
@@ -66,6 +67,9 @@ class CredentialWatch:
         verified: its verification when the request arrived.
         recheck_seconds: ``TREADLE_AUTH_RECHECK_SECONDS``: most seconds between two
             re-authentications.
+        generation: :attr:`Authenticator.generation` as read before ``verified`` was
+            made (default: now), so a change made while the request was authenticated
+            is re-checked at once.
         clock: a monotonic clock in seconds (tests may pass their own).
         wall: the wall clock ``exp`` is compared with, Unix seconds.
     """
@@ -77,6 +81,7 @@ class CredentialWatch:
         verified: Verified,
         *,
         recheck_seconds: float,
+        generation: tuple[int, int] | None = None,
         clock: Callable[[], float] = time.monotonic,
         wall: Callable[[], float] = time.time,
     ) -> None:
@@ -88,6 +93,7 @@ class CredentialWatch:
         self._lapse: Lapse | None = None
         self._verified = verified
         self._due = self._next_due()
+        self._generation = authenticator.generation if generation is None else generation
 
     def seconds_left(self) -> float:
         """Seconds until the next check is due (0 when due now); never negative."""
@@ -96,18 +102,24 @@ class CredentialWatch:
     async def lapsed(self) -> Lapse | None:
         """Check the credential if a check is due; the lapse once it is no longer accepted.
 
-        Cheap between checks (a clock read). Once lapsed, it stays lapsed and is never
+        Due at the token's expiry, one interval after the last check, or once this
+        process revoked a key or suspended or resumed a tenant. Cheap between checks (a
+        clock read and a counter compare). Once lapsed, it stays lapsed and is never
         checked again (no further verifier or database call).
 
         Raises:
             Exception: whatever a check's reads raise other than a refusal or an
                 unavailable identity provider (a database error), as for a new request.
         """
-        if self._lapse is not None or self._clock() < self._due:
+        if self._lapse is not None:
             return self._lapse
+        if self._clock() < self._due and self._authenticator.generation == self._generation:
+            return None
         if self._expired():
             self._lapse = Lapse(StreamEnd.CREDENTIAL_EXPIRED, Unauthenticated(INVALID_TOKEN))
             return self._lapse
+        # Read before the check: a change committed while it runs is seen by the next one.
+        self._generation = self._authenticator.generation
         try:
             self._verified = await self._authenticator.authenticate_verified(self._token)
         except Unauthenticated as exc:

@@ -235,14 +235,15 @@ class Settings(BaseSettings):
         "revoked through this process, at once.",
     )
     auth_recheck_seconds: float = Field(
-        default=10.0,
+        default=5.0,
         ge=0.05,
         le=300,
         description="Longest an open long-lived response (an event stream, a result "
         "long-poll) keeps serving before it authenticates its bearer token again, as a new "
-        "request would: a revoked API key or a suspended tenant ends it within this many "
-        "seconds (plus the cache windows above when the change came through another "
-        "process). A token's expiry ends it at once, whatever this says.",
+        "request would: an API key revoked or a tenant suspended through another process or "
+        "the CLI ends it within this many seconds plus the cache windows above; through "
+        "this process, at its next poll. A token's expiry ends it at once, whatever this "
+        "says.",
     )
 
     max_payload_bytes: int = Field(

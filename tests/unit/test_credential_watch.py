@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -123,8 +124,32 @@ async def test_a_token_refused_before_its_expiry_is_revoked(tmp_path: Path) -> N
         clock=lambda: clocks.mono,
         wall=lambda: clocks.wall,
     )
+    assert await watch.lapsed() is None  # not due: not checked
     clocks.advance(1)
     lapse = await watch.lapsed()
+    assert lapse is not None and lapse.cause is StreamEnd.CREDENTIAL_REVOKED
+
+
+async def test_a_revocation_through_this_process_is_checked_at_once(tmp_path: Path) -> None:
+    class Revoking(Authenticator):
+        async def authenticate_verified(self, token: str) -> Verified:
+            raise Unauthenticated(INVALID_TOKEN)
+
+    token = DevTokens(DEV_SECRET).mint(tenant_id="acme", subject="a", scopes=ALL_SCOPES)
+    verified = await dev_authenticator(tmp_path).authenticate_verified(token)
+    revoking = Revoking(dev_settings(tmp_path))
+    clocks = Clocks()
+    watch = CredentialWatch(
+        revoking,
+        token,
+        verified,
+        recheck_seconds=300,
+        clock=lambda: clocks.mono,
+        wall=lambda: clocks.wall,
+    )
+    assert await watch.lapsed() is None
+    revoking.cache.forget_api_key(uuid.uuid4())  # what a revocation here does
+    lapse = await watch.lapsed()  # no clock moved: the generation did
     assert lapse is not None and lapse.cause is StreamEnd.CREDENTIAL_REVOKED
 
 
