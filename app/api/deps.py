@@ -95,7 +95,7 @@ def watch_credential(request: Request, settings: Settings) -> CredentialWatch:
     """The request's credential, to re-check while a long-lived response stays open.
 
     For the routes whose response outlives its request's authentication: an event
-    stream, a result long-poll (docs/adr/0049-long-lived-responses-recheck-their-credential.md).
+    stream, a result long-poll (docs/adr/0051-long-lived-responses-recheck-their-credential.md).
     Only valid after :func:`get_principal` ran for this request (any route taking a
     principal).
     """

@@ -203,7 +203,7 @@ async def follow(
     ``tenant_id`` is the run's own tenant (the loaded run's). ``watch`` is the credential
     the stream was opened with: it is re-checked before every read of the database, and
     once it lapses the stream sends its ``end`` message with the lapse's cause and
-    returns, reading nothing more (docs/adr/0049-long-lived-responses-recheck-their-credential.md).
+    returns, reading nothing more (docs/adr/0051-long-lived-responses-recheck-their-credential.md).
     """
     heartbeat = settings.event_stream_heartbeat_seconds
     longest = settings.event_stream_poll_seconds

@@ -5,7 +5,7 @@ credential could change. A long-lived response (``GET /runs/{id}/events?follow=t
 ``GET /runs/{id}/result?wait=S``) would otherwise keep serving a caller whose every other
 request is refused. The rule of each worker attempt (DESIGN §4: re-check that the
 principal may still act) therefore applies to such a response too
-(docs/adr/0049-long-lived-responses-recheck-their-credential.md):
+(docs/adr/0051-long-lived-responses-recheck-their-credential.md):
 
 - **At the token's expiry**, exactly: a token with an ``exp`` lapses at ``exp`` plus the
   mode's leeway (:attr:`Authenticator.leeway_seconds`), the instant any new request with

@@ -167,7 +167,7 @@ class StreamEnd(StrEnum):
     Two say the run is done (``run_ended``: terminal, every event sent; ``run_gone``:
     archived or deleted meanwhile). Three say the credential that opened the stream is no
     longer accepted, which every long-lived response re-checks while it stays open
-    (docs/adr/0049-long-lived-responses-recheck-their-credential.md): the client must get
+    (docs/adr/0051-long-lived-responses-recheck-their-credential.md): the client must get
     a new credential, not reconnect with the old one.
     """
 

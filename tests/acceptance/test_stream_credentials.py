@@ -1,7 +1,7 @@
 """Long-lived responses end when their credential does, over real HTTP (``treadle serve``).
 
 Every long-lived response of the API re-checks the bearer token it was opened with
-(docs/adr/0049-long-lived-responses-recheck-their-credential.md): an event stream
+(docs/adr/0051-long-lived-responses-recheck-their-credential.md): an event stream
 (``GET /runs/{id}/events?follow=true``) ends with an ``end`` message whose ``cause``
 says why, a result long-poll (``GET /runs/{id}/result?wait=S``) answers what a new
 request would get (401, 403). One test per cause: an API key revoked, a JWT that
