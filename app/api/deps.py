@@ -13,6 +13,7 @@ from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.auth.authenticator import Authenticator
+from app.auth.credential_watch import CredentialWatch
 from app.auth.principal import Principal, Scope
 from app.core.errors import Forbidden, NotFoundError, Unauthenticated
 from app.core.settings import Settings
@@ -83,7 +84,29 @@ async def get_principal(
     if credentials is None or credentials.scheme.lower() != "bearer" or not credentials.credentials:
         raise Unauthenticated("missing bearer token")
     authenticator: Authenticator = request.app.state.authenticator
-    return await authenticator.authenticate(credentials.credentials)
+    generation = authenticator.generation
+    verified = await authenticator.authenticate_verified(credentials.credentials)
+    # Kept for a long-lived response, which re-checks it while open (watch_credential).
+    request.state.credential = (credentials.credentials, verified, generation)
+    return verified.principal
+
+
+def watch_credential(request: Request, settings: Settings) -> CredentialWatch:
+    """The request's credential, to re-check while a long-lived response stays open.
+
+    For the routes whose response outlives its request's authentication: an event
+    stream, a result long-poll (docs/adr/0051-long-lived-responses-recheck-their-credential.md).
+    Only valid after :func:`get_principal` ran for this request (any route taking a
+    principal).
+    """
+    token, verified, generation = request.state.credential
+    return CredentialWatch(
+        request.app.state.authenticator,
+        token,
+        verified,
+        recheck_seconds=settings.auth_recheck_seconds,
+        generation=generation,
+    )
 
 
 def require(scope: Scope) -> Callable[..., Coroutine[Any, Any, Principal]]:

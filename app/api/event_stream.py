@@ -5,9 +5,14 @@ Framing is FastAPI's own (``fastapi.sse.format_sse_event``, the encoder behind i
 
 - each event is one message: ``id:`` its ``event_id``, ``event:`` its kind, ``data:`` the
   JSON of the view ``GET /runs/{run_id}/events`` pages (ASCII, one line);
-- a run that is terminal once every event was sent gets a last ``event: end`` message
-  (no ``id:``, data ``{"run_id", "status", "reason", "last_event_id"}``), then the stream
-  closes; a stream closed without ``end`` (server shutdown, a dropped connection) is
+- a stream ends with one last ``event: end`` message (no ``id:``, data ``{"run_id",
+  "cause", "status", "reason", "last_event_id"}``), then closes. ``cause``
+  (:class:`~app.core.status.StreamEnd`) is ``run_ended`` once the run is terminal and
+  every event was sent, ``run_gone`` once it was archived or deleted, and
+  ``credential_expired`` / ``credential_revoked`` / ``tenant_suspended`` once the
+  credential that opened the stream is no longer accepted (re-checked while the stream
+  is open, :mod:`app.auth.credential_watch`); ``status`` and ``reason`` are the run's as
+  last read. A stream closed without ``end`` (server shutdown, a dropped connection) is
   resumed with ``Last-Event-ID``;
 - an idle stream sends a comment line every ``TREADLE_EVENT_STREAM_HEARTBEAT_SECONDS``.
 
@@ -24,7 +29,7 @@ import contextlib
 import threading
 import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 
 import anyio
 from fastapi import FastAPI
@@ -32,10 +37,11 @@ from fastapi.sse import EventSourceResponse, format_sse_event
 from starlette.types import Receive, Scope, Send
 
 from app.api.views import event_view
+from app.auth.credential_watch import CredentialWatch
 from app.core import json
 from app.core.errors import BadRequest, TooManyRequests
 from app.core.settings import Settings
-from app.core.status import RunReason, RunStatus
+from app.core.status import RunReason, RunStatus, StreamEnd
 from app.db.database import Database
 from app.db.queries import events as events_q
 
@@ -136,13 +142,15 @@ class EventStreamResponse(EventSourceResponse):
     Starlette stops a streaming response on disconnect only when its next write fails (on
     ASGI 2.4 servers) or by listening for ``http.disconnect`` (earlier ones); this always
     listens, so a stream waiting between polls ends at once. It also gives the stream's
-    slot back however the response ends.
+    slot back and closes the generator however the response ends, so a stream left
+    suspended at a ``yield`` by a disconnect never runs (nor reads the database) again.
     """
 
     def __init__(
-        self, content: AsyncIterator[bytes], streams: EventStreams, tenant_id: str
+        self, content: AsyncGenerator[bytes, None], streams: EventStreams, tenant_id: str
     ) -> None:
         """Stream ``content``; ``streams`` already counts it for ``tenant_id``."""
+        self._content = content
         super().__init__(
             content,
             headers={"Cache-Control": "no-store", "X-Accel-Buffering": "no"},
@@ -164,10 +172,19 @@ class EventStreamResponse(EventSourceResponse):
                 group.cancel_scope.cancel()
         finally:
             self._streams.release(self._tenant_id)
+            await self._content.aclose()
 
 
-def _end(run_id: uuid.UUID, status: str, reason: str | None, cursor: int) -> bytes:
-    body = {"run_id": str(run_id), "status": status, "reason": reason, "last_event_id": cursor}
+def _end(
+    run_id: uuid.UUID, cause: StreamEnd, status: str | None, reason: str | None, cursor: int
+) -> bytes:
+    body = {
+        "run_id": str(run_id),
+        "cause": cause.value,
+        "status": status,
+        "reason": reason,
+        "last_event_id": cursor,
+    }
     return format_sse_event(event="end", data_str=json.dumps(body))
 
 
@@ -175,27 +192,37 @@ async def follow(
     db: Database,
     streams: EventStreams,
     settings: Settings,
+    watch: CredentialWatch,
     *,
     tenant_id: str,
     run_id: uuid.UUID,
     after: int,
-) -> AsyncIterator[bytes]:
+) -> AsyncGenerator[bytes, None]:
     """The SSE bytes of a run's events after ``after``, until the run is done.
 
-    ``tenant_id`` is the run's own tenant (the loaded run's).
+    ``tenant_id`` is the run's own tenant (the loaded run's). ``watch`` is the credential
+    the stream was opened with: it is re-checked before every read of the database, and
+    once it lapses the stream sends its ``end`` message with the lapse's cause and
+    returns, reading nothing more (docs/adr/0051-long-lived-responses-recheck-their-credential.md).
     """
     heartbeat = settings.event_stream_heartbeat_seconds
     longest = settings.event_stream_poll_seconds
     cursor = after
     pause = 0.02
     last_sent = time.monotonic()
+    status: str | None = None
+    reason: str | None = None
     # First bytes at once: the client sees 200 and the headers without waiting for news.
     yield format_sse_event(comment=f"events of run {run_id} after {cursor}", retry=RETRY_MS)
     while not streams.closing.is_set():
+        lapse = await watch.lapsed()
+        if lapse is not None:
+            yield _end(run_id, lapse.cause, status, reason, cursor)
+            return
         async with db.read() as conn:
             position = await events_q.follow_position(conn, tenant_id, run_id)
         if position is None:  # archived or deleted meanwhile: nothing more will come
-            yield _end(run_id, "gone", None, cursor)
+            yield _end(run_id, StreamEnd.RUN_GONE, "gone", None, cursor)
             return
         status, reason, top = position
         redacted = reason == RunReason.FAILURE_AUTHORIZATION.value
@@ -221,14 +248,17 @@ async def follow(
             continue
         if RunStatus(status).is_terminal:
             # The status was read before the events: every event up to it was sent.
-            yield _end(run_id, status, reason, cursor)
+            yield _end(run_id, StreamEnd.RUN_ENDED, status, reason, cursor)
             return
         idle = time.monotonic() - last_sent
         if idle >= heartbeat:
             yield b": heartbeat\n\n"
             last_sent = time.monotonic()
             idle = 0.0
+        # Wake for the next poll, the next heartbeat or the credential's next check
+        # (its expiry timer among them), whichever comes first.
+        wait = min(pause, heartbeat - idle, watch.seconds_left())
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(streams.closing.wait(), min(pause, heartbeat - idle))
+            await asyncio.wait_for(streams.closing.wait(), wait)
         pause = min(pause * 1.5, longest)
     yield format_sse_event(comment="server shutting down: resume with Last-Event-ID")

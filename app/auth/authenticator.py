@@ -38,7 +38,13 @@ class ApiKeyVerifier(Protocol):
 
 
 class TenantGate(Protocol):
-    """Refuses principals of suspended tenants (implemented by the engine's tenants)."""
+    """Refuses principals of suspended tenants (implemented by the engine's tenants).
+
+    Attributes:
+        generation: bumped by every suspend or resume made through this process.
+    """
+
+    generation: int
 
     async def ensure_active(self, principal: Principal) -> None:
         """Return if the principal may act.
@@ -94,6 +100,7 @@ class Authenticator:
         self._jwt = jwt_verifier or (JwtVerifier(settings) if self.mode == AuthMode.JWT else None)
         self._api_keys = api_keys
         self._tenants = tenants
+        self._leeway = float(settings.jwt_leeway_seconds) if self._jwt is not None else 0.0
         # `is not None`: an empty cache is falsy (it has a length).
         self.cache = (
             cache
@@ -118,8 +125,33 @@ class Authenticator:
         if self._jwt is not None:
             await self._jwt.source.aclose()
 
+    @property
+    def leeway_seconds(self) -> float:
+        """Seconds past its ``exp`` a token of this mode is still accepted.
+
+        ``TREADLE_JWT_LEEWAY_SECONDS`` in jwt mode; dev tokens get none. A token is
+        refused from ``exp + leeway`` on (joserfc refuses ``exp <= now - leeway``).
+        """
+        return self._leeway
+
+    @property
+    def generation(self) -> tuple[int, int]:
+        """Changes whenever this process revokes an API key or suspends or resumes a tenant.
+
+        The cache's generation and the tenant gate's: a long-lived response that sees it
+        change re-checks its credential at once (app/auth/credential_watch.py).
+        """
+        return (self.cache.generation, self._tenants.generation if self._tenants else 0)
+
     async def authenticate(self, token: str) -> Principal:
         """Return the token's principal, provided its tenant may act.
+
+        See :meth:`authenticate_verified`, which this is.
+        """
+        return (await self.authenticate_verified(token)).principal
+
+    async def authenticate_verified(self, token: str) -> Verified:
+        """Return the token's verification (principal and ``exp``), provided its tenant may act.
 
         Every bad credential — a malformed, unknown, forged or revoked API key, a JWT
         that is malformed, expired, of another issuer or signed by an unknown key — is
@@ -136,8 +168,8 @@ class Authenticator:
         api_key = is_api_key(token)
         # A JWT verified against an older key set of the provider is verified again.
         keys_version = self._jwt.source.version if self._jwt is not None else None
-        principal = self.cache.get(token, keys_version=keys_version)
-        if principal is None:
+        verified = self.cache.get_verified(token, keys_version=keys_version)
+        if verified is None:
             generation = self.cache.generation
             try:
                 verified = await self._verify(token, api_key=api_key)
@@ -149,12 +181,11 @@ class Authenticator:
                 )
                 raise Unauthenticated(INVALID_TOKEN) from None
             self.cache.put(token, verified, generation=generation)
-            principal = verified.principal
-        await self._ensure_active(principal)
+        await self._ensure_active(verified.principal)
         if api_key:
             assert self._api_keys is not None
-            await self._api_keys.mark_used(principal)
-        return principal
+            await self._api_keys.mark_used(verified.principal)
+        return verified
 
     async def _verify(self, token: str, *, api_key: bool) -> Verified:
         if api_key:

@@ -110,6 +110,11 @@ class TokenCache:
         ``keys_version`` is the provider's key set version now: an entry verified against
         another version is dropped (a miss).
         """
+        hit = self.get_verified(token, keys_version=keys_version)
+        return None if hit is None else hit.principal
+
+    def get_verified(self, token: str, *, keys_version: int | None = None) -> Verified | None:
+        """The verification of ``token`` (principal and ``exp``) if it is held: see :meth:`get`."""
         if not self.enabled:
             return None
         key = digest(token)
@@ -123,7 +128,7 @@ class TokenCache:
         if hit.keys_version is not None and hit.keys_version != keys_version:
             self._entries.pop(key, None)
             return None
-        return hit.principal
+        return hit
 
     def put(self, token: str, verified: Verified, *, generation: int) -> None:
         """Remember a verification that began when :attr:`generation` was ``generation``.

@@ -420,10 +420,11 @@ class AsyncTreadleClient:
         """Yield the run's events live (``GET /runs/{run_id}/events?follow=true``).
 
         Starts after event id ``after`` (default: the first event) and ends once the run
-        is terminal and every event was yielded. A dropped connection, a read timeout
-        (no heartbeat within ``timeout`` seconds) or a server shutting down is resumed
-        with ``Last-Event-ID``, so each event is yielded once, in order; 429/503 answers
-        are retried after their ``Retry-After``.
+        is terminal and every event was yielded. A stream the server ends because the
+        token is no longer accepted raises (see ``Raises``), it is not resumed. A
+        dropped connection, a read timeout (no heartbeat within ``timeout`` seconds) or a
+        server shutting down is resumed with ``Last-Event-ID``, so each event is yielded
+        once, in order; 429/503 answers are retried after their ``Retry-After``.
 
         Args:
             run_id: the run.
@@ -432,7 +433,10 @@ class AsyncTreadleClient:
                 giving up.
 
         Raises:
-            TreadleAPIError: an error answer (404 unknown run, 400 bad ``after``).
+            TreadleAPIError: an error answer (404 unknown run, 400 bad ``after``), or the
+                server ended the stream because the token lapsed: code
+                ``credential_expired`` or ``credential_revoked`` (status 401),
+                ``tenant_suspended`` (403).
             TreadleUnreachable: no answer after ``max_reconnects`` reconnects.
         """
         cursor, failures, retries = after, 0, 0
@@ -457,6 +461,9 @@ class AsyncTreadleClient:
                         if msg is None:
                             continue
                         if msg.event == _sse.END:
+                            error = _sse.end_error(msg.data)
+                            if error is not None:
+                                raise error
                             return
                         if msg.id is not None:
                             event = Event.model_validate_json(msg.data)

@@ -237,6 +237,17 @@ class Settings(BaseSettings):
         "through another process or the CLI is refused by this one within this window; "
         "revoked through this process, at once.",
     )
+    auth_recheck_seconds: float = Field(
+        default=5.0,
+        ge=0.05,
+        le=300,
+        description="Longest an open long-lived response (an event stream, a result "
+        "long-poll) keeps serving before it authenticates its bearer token again, as a new "
+        "request would: an API key revoked or a tenant suspended through another process or "
+        "the CLI ends it within this many seconds plus the cache windows above; through "
+        "this process, at its next poll. A token's expiry ends it at once, whatever this "
+        "says.",
+    )
 
     max_payload_bytes: int = Field(
         default=1_048_576, ge=1024, le=64 * 1_048_576, description="Ceiling on one JSON payload."

@@ -159,3 +159,25 @@ class LogLevel(StrEnum):
 
 
 _LOG_RANKS = {LogLevel.DEBUG: 0, LogLevel.INFO: 1, LogLevel.WARNING: 2, LogLevel.ERROR: 3}
+
+
+class StreamEnd(StrEnum):
+    """Why a long-lived response ended: the ``cause`` of an event stream's ``end`` message.
+
+    Two say the run is done (``run_ended``: terminal, every event sent; ``run_gone``:
+    archived or deleted meanwhile). Three say the credential that opened the stream is no
+    longer accepted, which every long-lived response re-checks while it stays open
+    (docs/adr/0051-long-lived-responses-recheck-their-credential.md): the client must get
+    a new credential, not reconnect with the old one.
+    """
+
+    RUN_ENDED = "run_ended"
+    RUN_GONE = "run_gone"
+    CREDENTIAL_EXPIRED = "credential_expired"
+    CREDENTIAL_REVOKED = "credential_revoked"
+    TENANT_SUSPENDED = "tenant_suspended"
+
+    @property
+    def is_credential(self) -> bool:
+        """True for the causes that say the credential lapsed (not the run)."""
+        return self not in (StreamEnd.RUN_ENDED, StreamEnd.RUN_GONE)

@@ -114,6 +114,9 @@ class TenantService:
         cache_seconds: how long :meth:`suspended_tenants` may serve its last read
             (``TREADLE_TENANT_CACHE_SECONDS``; 0 reads on every call). Changes made
             through this service clear it at once.
+
+    Attributes:
+        generation: how many suspends and resumes went through this service.
     """
 
     def __init__(self, db: Database, *, cache_seconds: float = 0.0) -> None:
@@ -122,6 +125,10 @@ class TenantService:
         self._suspended: frozenset[str] | None = None
         self._loaded_at = 0.0
         self._lock = asyncio.Lock()
+        # Bumped by every suspend or resume through this service: the open event streams
+        # and long-polls of this process re-check their credential at their next poll
+        # (app/auth/credential_watch.py) instead of at their next interval.
+        self.generation = 0
 
     async def suspend(self, *, tenant_id: str, reason: str, actor: str) -> TenantState:
         """Suspend a tenant (idempotent: a suspended tenant keeps its first reason).
@@ -145,6 +152,7 @@ class TenantService:
             await q.suspend(conn, tenant_id=tenant_id, reason=reason, actor=actor)
             row = await q.get_tenant(conn, tenant_id)
         self._suspended = None
+        self.generation += 1
         audit_log.info("admin tenant suspended", subject=actor, tenant=tenant_id)
         return TenantState.of(tenant_id, row)
 
@@ -162,6 +170,7 @@ class TenantService:
             await q.resume(conn, tenant_id=tenant_id, actor=actor)
             row = await q.get_tenant(conn, tenant_id)
         self._suspended = None
+        self.generation += 1
         audit_log.info("admin tenant resumed", subject=actor, tenant=tenant_id)
         return TenantState.of(tenant_id, row)
 

@@ -136,6 +136,7 @@ def test_follow_survives_a_dropped_connection_and_a_killed_worker(sstack: Stack)
     assert listed[-1]["kind"] == "run_completed"
     finish = json.loads(end["data"])
     assert finish["status"] == "completed" and finish["last_event_id"] == int(got[-1]["id"])
+    assert finish["cause"] == "run_ended"
     # Each attempt's tokens, tagged with the step and the attempt.
     tokens = [
         (e["step_id"], e["data"]["attempt"], e["data"]["data"]["text"])

@@ -28,6 +28,7 @@ from app.api.deps import (
     read_tenant,
     visible_run,
     wake_workers,
+    watch_credential,
 )
 from app.api.event_stream import (
     EventStreamResponse,
@@ -608,23 +609,34 @@ async def _blocked(conn: AsyncConnection, row: RowMapping, settings: Settings) -
 )
 async def get_run_result(
     run_id: str,
+    request: Request,
     response: Response,
     principal: RunsRead,
     db: DB,
+    settings: SettingsDep,
     wait: Annotated[
         float, Query(ge=0, le=300, allow_inf_nan=False, description="Seconds to long-poll")
     ] = 0,
     tenant: TenantQuery = None,
 ) -> schemas.RunResult:
-    """The run's result: 200 once terminal, 202 if still running after ``wait`` seconds."""
+    """The run's result: 200 once terminal, 202 if still running after ``wait`` seconds.
+
+    While it waits, the bearer token is re-checked as the event stream's is: at its
+    expiry and every ``TREADLE_AUTH_RECHECK_SECONDS``; once a new request with it would
+    be refused, so is this one (401, or 403 ``tenant_suspended``), whatever is left of
+    ``wait`` (docs/security.md, Long-lived responses).
+    """
     deadline = time.monotonic() + wait
     pause = 0.02
+    watch = watch_credential(request, settings)
     while True:
+        await watch.ensure_accepted()
         row = await _load(db, principal, run_id, tenant)
         done = RunStatus(row["status"]).is_terminal
         if done or time.monotonic() >= deadline:
             break
-        await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0)))
+        # Wake for the next poll or the credential's next check, whichever comes first.
+        await asyncio.sleep(min(pause, max(deadline - time.monotonic(), 0), watch.seconds_left()))
         pause = min(pause * 1.5, 0.5)
     view = run_view(row)
     response.status_code = 200 if done else 202
@@ -750,7 +762,11 @@ async def list_run_events(
     ``Last-Event-ID`` (or ``after``; default: from the start) as one SSE message (``id``
     the event id, ``event`` its kind, ``data`` the event's JSON as in a page), live as the
     run goes on, heartbeat comments while idle, and a last ``event: end`` message once
-    the run is terminal and every event was sent. ``page_token`` and ``limit`` do not
+    the run is terminal and every event was sent (data ``cause`` ``run_ended``). The
+    stream re-checks its bearer token while open (at its expiry, and every
+    ``TREADLE_AUTH_RECHECK_SECONDS``) and ends with an ``end`` message whose ``cause`` is
+    ``credential_expired``, ``credential_revoked`` or ``tenant_suspended`` once a new
+    request with the token would be refused. ``page_token`` and ``limit`` do not
     apply to a stream; ``after`` and ``Last-Event-ID`` apply only to one (400 otherwise).
     A tenant may hold ``TREADLE_EVENT_STREAM_MAX_PER_TENANT`` streams per API server
     (429 beyond). See docs/api.md (Live events).
@@ -795,10 +811,11 @@ async def _follow_events(
     cursor = parse_last_event_id(last_event_id) if last_event_id is not None else after
     async with db.read() as conn:
         run = await visible_run(conn, principal, rid, tenant)
+    watch = watch_credential(request, settings)
     streams = streams_of(request.app, settings)
     streams.acquire(principal.tenant_id)
     frames = event_stream.follow(
-        db, streams, settings, tenant_id=run["tenant_id"], run_id=rid, after=cursor or 0
+        db, streams, settings, watch, tenant_id=run["tenant_id"], run_id=rid, after=cursor or 0
     )
     return EventStreamResponse(frames, streams, principal.tenant_id)
 
