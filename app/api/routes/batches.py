@@ -115,14 +115,20 @@ the count and up to 20 run ids and creates nothing. 422 for both or neither of `
 def _route(action: BatchAction, summary: str) -> None:
     async def bulk(
         body: bs.BulkRequest,
-        principal: Annotated[Principal, Depends(require_action(action.run_action))],
+        principal: Principal,
         db: DB,
         settings: SettingsDep,
         response: Response,
     ) -> bs.Batch | bs.BulkDryRun:
         return await _create(db, settings, principal, action, body, response, {})
 
-    # The scope named in the spec is the table's (ACTION_SCOPES), never restated by hand.
+    # Each verb's principal needs its single action's scope (ACTION_SCOPES). Set as an
+    # object, not written in the signature: this module's annotations are strings, which
+    # FastAPI resolves in the module's globals, where ``action`` is not.
+    bulk.__annotations__["principal"] = Annotated[
+        Principal, Depends(require_action(action.run_action))
+    ]
+    # The scope named in the spec is the table's, never restated by hand.
     bulk.__doc__ = f"{summary[:-1]} (scope `{action.scope.value}`)." + _DOC
     bulk.__name__ = f"bulk_{action.value}"
     router.add_api_route(
