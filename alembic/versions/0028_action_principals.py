@@ -6,10 +6,11 @@ and API key, so the batch runner re-checks each item as the single action would
 this revision have no recorded scopes: their remaining items fail ``forbidden`` (create
 them again).
 
-``inbound_events.owner`` is the sender's owner filter: its subject, or NULL for an
-``admin`` sender (who may reach every run, as with a signal). A wait's look-back takes an
-event into an ``access="owner"`` run only from its owner or an admin (docs/security.md).
-Events posted before this revision get their sender's subject (the stricter reading).
+``inbound_events.sent_by_admin`` is 1 when the sender held ``admin`` (who may reach every
+run, as with a signal). An event reaches an ``access="owner"`` run only from its owner
+(``sent_by``) or an admin, at the post and by a wait's look-back (docs/security.md).
+Events posted before this revision, and by API processes of the previous release until
+they restart, get 0: the stricter reading (only their sender's own private runs).
 
 Revision ID: 0028
 Revises: 0027
@@ -34,14 +35,15 @@ def upgrade() -> None:
         batch.add_column(sa.Column("scopes", sa.Text(), nullable=True))
         batch.add_column(sa.Column("api_key_id", sa.Uuid(), nullable=True))
     with op.batch_alter_table("inbound_events") as batch:
-        batch.add_column(sa.Column("owner", sa.String(255), nullable=True))
-    op.execute("UPDATE inbound_events SET owner = sent_by")
+        batch.add_column(
+            sa.Column("sent_by_admin", sa.Integer(), nullable=False, server_default=sa.text("0"))
+        )
 
 
 def downgrade() -> None:
     """Revert this revision."""
     with op.batch_alter_table("inbound_events") as batch:
-        batch.drop_column("owner")
+        batch.drop_column("sent_by_admin")
     with op.batch_alter_table("batches") as batch:
         batch.drop_column("api_key_id")
         batch.drop_column("scopes")

@@ -703,10 +703,10 @@ inbound_events = Table(
     Column("key", String(255), nullable=True),
     Column("request_hash", String(64), nullable=False),
     Column("sent_by", String(255), nullable=False),
-    # The sender's owner filter: its subject, None for an admin. Only its owner's (or an
-    # admin's) events reach an access="owner" run, at the post or by a wait's look-back
-    # (revision 0028, docs/security.md).
-    Column("owner", String(255), nullable=True),
+    # 1 when the sender held ``admin``. An access="owner" run takes only its owner's
+    # (``sent_by``) or an admin's events, at the post or by a wait's look-back (revision
+    # 0028, docs/security.md); 0, the default, is the stricter reading.
+    Column("sent_by_admin", Integer, nullable=False, server_default=text("0")),
     Column("received_at", UtcDateTime, nullable=False),
     Column("started_run_ids", Text, nullable=False),
     # Tenant-leading (revision 0022, docs/adr/0034-tenant-leading-keys.md); GET /events

@@ -213,7 +213,7 @@ async def post_event(
             key=post.key,
             request_hash=fingerprint,
             sent_by=subject,
-            owner=owner,
+            sent_by_admin=owner is None,
         )
         if row is None:
             assert post.key is not None  # only a key can conflict
@@ -254,13 +254,17 @@ def may_reach(event: RowMapping, run: RowMapping) -> bool:
     """Whether a posted event may be delivered into ``run``: the rule of a signal.
 
     A tenant-policy run takes any of its tenant's events; an ``access="owner"`` run only
-    its owner's (``created_by``) or an admin's (the event's ``owner`` is None), exactly
+    its owner's (``sent_by`` is its ``created_by``) or an admin's (``sent_by_admin``), exactly
     whom ``POST /runs/{id}/signals/{name}`` lets through
     (:func:`app.db.queries.runs.visible_to`, docs/security.md "Owner policy"). Applied
     at the post (:func:`app.db.queries.inbound_events.open_waits` filters by it in SQL)
     and by a starting wait's look-back (:func:`wait_for_event`).
     """
-    return run["access"] != AccessPolicy.OWNER or event["owner"] in (None, run["created_by"])
+    return (
+        run["access"] != AccessPolicy.OWNER
+        or bool(event["sent_by_admin"])
+        or event["sent_by"] == run["created_by"]
+    )
 
 
 async def _deliver(conn: AsyncConnection, event: RowMapping, actor: str, owner: str | None) -> None:

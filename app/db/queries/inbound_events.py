@@ -56,13 +56,13 @@ async def insert_event(
     key: str | None,
     request_hash: str,
     sent_by: str,
-    owner: str | None,
+    sent_by_admin: bool,
 ) -> RowMapping | None:
     """Record a posted event; None when its ``key`` is already taken in the tenant.
 
-    ``owner`` is the sender's owner filter (``Principal.owner_filter``: its subject, None
-    for an admin), kept for the look-back of waits that start later. ``started_run_ids``
-    starts as ``[]`` (:func:`set_started` fills it in the same transaction).
+    ``sent_by_admin``: the sender holds ``admin`` (kept for the look-back of waits that
+    start later: the owner policy). ``started_run_ids`` starts as ``[]``
+    (:func:`set_started` fills it in the same transaction).
     """
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     stmt = (
@@ -75,7 +75,7 @@ async def insert_event(
             key=key,
             request_hash=request_hash,
             sent_by=sent_by,
-            owner=owner,
+            sent_by_admin=int(sent_by_admin),
             received_at=now_expr(conn.dialect.name),
             started_run_ids="[]",
         )
