@@ -92,10 +92,6 @@ class Principal:
         """True if the principal holds ``scope`` (``admin`` implies every scope)."""
         return scope in self.scopes or Scope.ADMIN in self.scopes
 
-    def may(self, action: RunAction) -> bool:
-        """True if the principal holds the scope ``action`` needs (:data:`ACTION_SCOPES`)."""
-        return self.has(ACTION_SCOPES[action])
-
     @property
     def is_admin(self) -> bool:
         """True for operators (``admin`` scope): cross-tenant reads, any owner's runs."""
