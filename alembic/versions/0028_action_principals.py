@@ -2,7 +2,7 @@
 
 ``batches.scopes`` (JSON text list) and ``batches.api_key_id`` record the creator's scopes
 and API key, so the batch runner re-checks each item as the single action would
-(docs/adr/0049-bulk-actions-under-their-creators-principal.md). Batches created before
+(docs/adr/0052-bulk-actions-under-their-creators-principal.md). Batches created before
 this revision have no recorded scopes: their remaining items fail ``forbidden`` (create
 them again).
 

@@ -13,7 +13,7 @@ principal: its tenant and owner filter, and the scope the action needs
 (:data:`app.auth.principal.ACTION_SCOPES`, the table the single-run routes read). The
 scope is checked when the batch is created and again, from the scopes stored with it,
 for every item a worker acts on, with the creator's tenant suspension and API key
-revocation (docs/adr/0049-bulk-actions-under-their-creators-principal.md): a batch can
+revocation (docs/adr/0052-bulk-actions-under-their-creators-principal.md): a batch can
 never touch a run its creator could not, nor do more than the creator's single action.
 """
 

@@ -3,7 +3,7 @@
 Issue 34: ``POST /runs:cancel`` worked with ``runs:write`` alone while ``POST
 /runs/{id}/cancel`` needs ``runs:cancel``. ``app.auth.principal.ACTION_SCOPES`` is now the
 one table both read; a batch stores its creator's scopes and API key, and the batch
-runner re-checks them for every item (docs/adr/0049-bulk-actions-under-their-creators-
+runner re-checks them for every item (docs/adr/0052-bulk-actions-under-their-creators-
 principal.md). Both databases; the API in-process over real routes, workers in-process.
 
 The second half walks every path by which one subject's input reaches another subject's
