@@ -378,7 +378,7 @@ async def _act(
 
 
 def _stored_principal(batch: RowMapping) -> Principal | None:
-    """The creator's principal as the batch recorded it; None before revision 0028."""
+    """The creator's principal as the batch recorded it; None before revision 0029."""
     if batch["scopes"] is None:
         return None
     known = {s.value for s in Scope}
@@ -397,7 +397,7 @@ async def item_refusal(conn: AsyncConnection, batch: RowMapping) -> tuple[str, s
     The checks a single action's request would pass, re-applied by the worker for the
     items it acts on (the batch is durable and runs later, so each check is made again
     under the principal stored with it): the action's scope (:data:`ACTION_SCOPES`;
-    a batch recorded without scopes, before revision 0028, has none), the tenant not
+    a batch recorded without scopes, before revision 0029, has none), the tenant not
     suspended (unless the creator holds ``admin``, as for requests) and the creator's API
     key not revoked. Codes: ``forbidden``, ``tenant_suspended``, ``api_key_revoked``.
     None: every item may be acted on (the owner filter still applies per run).
@@ -407,7 +407,7 @@ async def item_refusal(conn: AsyncConnection, batch: RowMapping) -> tuple[str, s
     if principal is None:
         return (
             Forbidden.code,
-            "the batch records no scopes of its creator (created before revision 0028); "
+            "the batch records no scopes of its creator (created before revision 0029); "
             "create it again",
         )
     if not principal.has(action.scope):

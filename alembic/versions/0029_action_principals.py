@@ -12,8 +12,8 @@ run, as with a signal). An event reaches an ``access="owner"`` run only from its
 Events posted before this revision, and by API processes of the previous release until
 they restart, get 0: the stricter reading (only their sender's own private runs).
 
-Revision ID: 0028
-Revises: 0027
+Revision ID: 0029
+Revises: 0028
 Create Date: 2026-12-08 01:30:00.000000
 """
 
@@ -23,8 +23,8 @@ import sqlalchemy as sa
 
 from alembic import op
 
-revision: str = "0028"
-down_revision: str | None = "0027"
+revision: str = "0029"
+down_revision: str | None = "0028"
 branch_labels: str | Sequence[str] | None = None
 depends_on: str | Sequence[str] | None = None
 
