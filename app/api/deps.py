@@ -14,7 +14,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.auth.authenticator import Authenticator
 from app.auth.credential_watch import CredentialWatch
-from app.auth.principal import Principal, Scope
+from app.auth.principal import ACTION_SCOPES, Principal, RunAction, Scope
 from app.core.errors import Forbidden, NotFoundError, Unauthenticated
 from app.core.settings import Settings
 from app.db.database import Database
@@ -130,6 +130,18 @@ def require(scope: Scope) -> Callable[..., Coroutine[Any, Any, Principal]]:
     return dependency
 
 
+def require_action(action: RunAction) -> Callable[..., Coroutine[Any, Any, Principal]]:
+    """:func:`require` of the scope ``action`` needs, read from :data:`ACTION_SCOPES`.
+
+    Every route acting on existing runs, single or bulk, takes its principal from here,
+    so a verb needs the same scope on every path (a test enumerates the routes).
+
+    Raises:
+        Forbidden: the scope is missing (403, naming it).
+    """
+    return require(ACTION_SCOPES[action])
+
+
 def read_tenant(principal: Principal, tenant: str | None) -> str:
     """The tenant a list reads: the caller's, or with ``admin`` any named one (logged).
 
@@ -224,8 +236,17 @@ TenantsDep = Annotated[TenantService, Depends(get_tenants)]
 Admin = Annotated[Principal, Depends(require(Scope.ADMIN))]
 RunsRead = Annotated[Principal, Depends(require(Scope.RUNS_READ))]
 RunsWrite = Annotated[Principal, Depends(require(Scope.RUNS_WRITE))]
-RunsCancel = Annotated[Principal, Depends(require(Scope.RUNS_CANCEL))]
 SignalsWrite = Annotated[Principal, Depends(require(Scope.SIGNALS_WRITE))]
 EventsWrite = Annotated[Principal, Depends(require(Scope.EVENTS_WRITE))]
 ApprovalsWrite = Annotated[Principal, Depends(require(Scope.APPROVALS_WRITE))]
+# Principals of the actions on runs (ACTION_SCOPES decides each one's scope).
+Cancels = Annotated[Principal, Depends(require_action(RunAction.CANCEL))]
+Signals = Annotated[Principal, Depends(require_action(RunAction.SIGNAL))]
+DecidesApprovals = Annotated[Principal, Depends(require_action(RunAction.DECIDE_APPROVAL))]
+Resumes = Annotated[Principal, Depends(require_action(RunAction.RESUME))]
+Retries = Annotated[Principal, Depends(require_action(RunAction.RETRY))]
+Requeues = Annotated[Principal, Depends(require_action(RunAction.REQUEUE))]
+Pauses = Annotated[Principal, Depends(require_action(RunAction.PAUSE))]
+Unpauses = Annotated[Principal, Depends(require_action(RunAction.UNPAUSE))]
+Reruns = Annotated[Principal, Depends(require_action(RunAction.RERUN))]
 WebhooksManage = Annotated[Principal, Depends(require(Scope.WEBHOOKS_MANAGE))]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from enum import StrEnum
+from types import MappingProxyType
 
 
 class Scope(StrEnum):
@@ -22,6 +24,43 @@ class Scope(StrEnum):
 
 
 ALL_SCOPES = frozenset(Scope)
+
+
+class RunAction(StrEnum):
+    """What a caller does to a run that exists, single or in bulk.
+
+    Single: ``POST /runs/{id}/<verb>`` (``…/signals/{name}``, ``…/approvals/{step_id}``,
+    ``POST /dead-letters/{id}/requeue``); in bulk: ``POST /runs:<verb>``.
+    """
+
+    CANCEL = "cancel"
+    SIGNAL = "signal"
+    DECIDE_APPROVAL = "decide_approval"
+    RESUME = "resume"
+    RETRY = "retry"
+    REQUEUE = "requeue"
+    PAUSE = "pause"
+    UNPAUSE = "unpause"
+    RERUN = "rerun"
+
+
+ACTION_SCOPES: Mapping[RunAction, Scope] = MappingProxyType(
+    {
+        RunAction.CANCEL: Scope.RUNS_CANCEL,
+        RunAction.SIGNAL: Scope.SIGNALS_WRITE,
+        RunAction.DECIDE_APPROVAL: Scope.APPROVALS_WRITE,
+        RunAction.RESUME: Scope.RUNS_WRITE,
+        RunAction.RETRY: Scope.RUNS_WRITE,
+        RunAction.REQUEUE: Scope.RUNS_WRITE,
+        RunAction.PAUSE: Scope.RUNS_WRITE,
+        RunAction.UNPAUSE: Scope.RUNS_WRITE,
+        RunAction.RERUN: Scope.RUNS_WRITE,
+    }
+)
+"""The one rule of which scope each verb on a run needs (docs/security.md, "Scopes of
+actions on runs"). The single-run routes (``app.api.deps.require_action``), the bulk
+routes and the batch runner's per-item re-check (app/engine/batches.py) all read it, so a
+bulk action can never need less than the single action it repeats."""
 
 APPROVER_SCOPES = frozenset({Scope.RUNS_READ, Scope.APPROVALS_WRITE})
 """What a person who only decides approvals needs: see runs (the API and the console's

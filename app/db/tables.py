@@ -604,6 +604,11 @@ batches = Table(
     # The creator's owner filter (None: every run of the tenant is visible to it); each
     # item is acted on with it, as the single-run action would be.
     Column("owner", String(255), nullable=True),
+    # The creator's scopes (JSON text list) and API key (None: a JWT): the batch runner
+    # re-checks each item under them (revision 0029; NULL scopes: created before it,
+    # refused).
+    Column("scopes", Text, nullable=True),
+    Column("api_key_id", Uuid, nullable=True),
     Column("state", String(16), nullable=False),  # running, completed, cancelled
     Column("matched", BigInteger, nullable=False),
     Column("done", BigInteger, nullable=False, server_default=text("0")),
@@ -698,6 +703,10 @@ inbound_events = Table(
     Column("key", String(255), nullable=True),
     Column("request_hash", String(64), nullable=False),
     Column("sent_by", String(255), nullable=False),
+    # 1 when the sender held ``admin``. An access="owner" run takes only its owner's
+    # (``sent_by``) or an admin's events, at the post or by a wait's look-back (revision
+    # 0029, docs/security.md); 0, the default, is the stricter reading.
+    Column("sent_by_admin", Integer, nullable=False, server_default=text("0")),
     Column("received_at", UtcDateTime, nullable=False),
     Column("started_run_ids", Text, nullable=False),
     # Tenant-leading (revision 0022, docs/adr/0034-tenant-leading-keys.md); GET /events

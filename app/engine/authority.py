@@ -12,7 +12,10 @@ whatever starts it (docs/security.md, docs/adr/0010-principal-on-every-path.md):
   principal, so a key revoked afterwards fails them at their next attempt;
 - a child run carries its parent's principal, and is at least as private as its parent
   (:meth:`app.core.status.AccessPolicy.stricter`);
-- requeue, retry and resume keep the run's own principal (they change no column of it).
+- requeue, retry and resume keep the run's own principal (they change no column of it);
+- a bulk action (a batch) records its creator's subject, owner filter, scopes and API
+  key; each item a worker acts on is re-checked under them (:func:`principal_refusal`
+  and the action's scope, app/engine/batches.py).
 """
 
 from __future__ import annotations
@@ -82,3 +85,34 @@ async def refusals(
 async def refusal(conn: AsyncConnection, row: Mapping[Any, Any]) -> Refusal | None:
     """:func:`refusals` for one row: the refusal, or None when its principal may act."""
     return (await refusals(conn, [row])).get(row["schedule_id"])
+
+
+async def principal_refusal(
+    conn: AsyncConnection,
+    *,
+    tenant_id: str,
+    subject: str,
+    api_key_id: uuid.UUID | None,
+    is_admin: bool,
+) -> Refusal | None:
+    """Whether a stored principal may still act, as its request would be let through.
+
+    A request of a suspended tenant's principal is refused unless it holds ``admin``
+    (app/api/deps.py ``get_principal``), and a revoked API key authenticates nothing: the
+    same two rules, for work done later in the principal's name (a batch's items).
+
+    Args:
+        conn: any connection.
+        tenant_id: the principal's tenant.
+        subject: its subject (named in the detail).
+        api_key_id: the API key it used, None for a JWT.
+        is_admin: it holds ``admin`` (exempt from the tenant's suspension).
+
+    Returns:
+        The refusal (``tenant_suspended`` first, then ``api_key_revoked``), or None.
+    """
+    if not is_admin and await tenants_q.suspended_among(conn, [tenant_id]):
+        return Refusal(TENANT_SUSPENDED_CAUSE, f"tenant {tenant_id!r} is suspended")
+    if api_key_id is not None and await api_keys_q.revoked_among(conn, [api_key_id]):
+        return Refusal(API_KEY_REVOKED_CAUSE, f"the API key {subject} was revoked")
+    return None

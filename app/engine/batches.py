@@ -8,8 +8,13 @@ cursor, written under the batch's fence: a worker killed mid-chunk commits nothi
 and the worker that takes the batch over after its lease expires starts from the last
 committed cursor, so every run is counted (and acted on) exactly once.
 
-Each run gets exactly the single-run action of app/engine/control.py, with the creator's
-tenant and owner filter: a batch can never touch a run its creator could not.
+Each run gets exactly the single-run action of app/engine/control.py, under the creator's
+principal: its tenant and owner filter, and the scope the action needs
+(:data:`app.auth.principal.ACTION_SCOPES`, the table the single-run routes read). The
+scope is checked when the batch is created and again, from the scopes stored with it,
+for every item a worker acts on, with the creator's tenant suspension and API key
+revocation (docs/adr/0052-bulk-actions-under-their-creators-principal.md): a batch can
+never touch a run its creator could not, nor do more than the creator's single action.
 """
 
 from __future__ import annotations
@@ -27,10 +32,12 @@ import structlog
 from sqlalchemy import RowMapping
 from sqlalchemy.ext.asyncio import AsyncConnection
 
+from app.auth.principal import ACTION_SCOPES, Principal, RunAction, Scope
 from app.core import json, metrics
 from app.core.errors import (
     BatchNotFound,
     DeadLetterNotFound,
+    Forbidden,
     InvalidInput,
     InvalidState,
     LeaseLost,
@@ -46,7 +53,7 @@ from app.db.database import Database, fetch_now
 from app.db.queries import batches as batches_q
 from app.db.queries import runs as runs_q
 from app.db.queries.run_filters import RunListFilters
-from app.engine import control
+from app.engine import authority, control
 
 log = structlog.get_logger("treadle.batches")
 
@@ -66,6 +73,21 @@ class BatchAction(StrEnum):
     SIGNAL = "signal"
     PAUSE = "pause"
     UNPAUSE = "unpause"
+
+    @property
+    def run_action(self) -> RunAction:
+        """The single-run verb this batch repeats (whose scope it needs)."""
+        return RunAction(self.value)
+
+    @property
+    def scope(self) -> Scope:
+        """The scope each item needs: the single action's (:data:`ACTION_SCOPES`)."""
+        return ACTION_SCOPES[self.run_action]
+
+
+def _missing_scope(action: BatchAction) -> Forbidden:
+    scope = action.scope.value
+    return Forbidden(f"this operation needs the {scope!r} scope", required_scope=scope)
 
 
 class BatchState(StrEnum):
@@ -88,15 +110,13 @@ async def create_batch(
     db: Database,
     settings: Settings,
     *,
-    tenant_id: str,
+    principal: Principal,
     action: BatchAction,
     run_ids: Sequence[uuid.UUID] | None,
     filters: RunListFilters | None,
     selection: dict[str, Any],
     params: dict[str, Any],
     reason: str | None,
-    actor: str,
-    owner: str | None,
     dry_run: bool,
 ) -> RowMapping | DryRun:
     """Create a running batch (or, for a dry run, only count what it would match).
@@ -104,8 +124,11 @@ async def create_batch(
     Args:
         db: the database.
         settings: ``TREADLE_BATCH_MAX_RUNS``.
-        tenant_id: the caller's tenant; only its runs are ever acted on.
-        action: what is done to each run.
+        principal: the caller. Only its tenant's runs are ever acted on, with its owner
+            filter; its subject is ``created_by`` (the actor of each run's event); its
+            scopes and API key are stored, and each item is re-checked under them.
+        action: what is done to each run; the caller must hold its single action's
+            scope (:data:`ACTION_SCOPES`).
         run_ids: the runs to act on (at most :data:`MAX_RUN_IDS`, duplicates dropped); an
             id that is not the tenant's (or not visible to ``owner``) is later skipped as
             ``not_found``, exactly as the single-run action would answer 404.
@@ -114,17 +137,20 @@ async def create_batch(
         params: action parameters (``name``/``payload`` for a signal; the payload already
             checked against ``TREADLE_MAX_PAYLOAD_BYTES``).
         reason: recorded with each run's action (cancel, pause, retry).
-        actor: the caller's subject (``created_by``; the actor of each run's event).
-        owner: the caller's owner filter (None: every run of the tenant).
         dry_run: only count and sample, create nothing.
 
     Returns:
         The batch row, or a :class:`DryRun` (nothing is written).
 
     Raises:
+        Forbidden: the caller lacks the action's scope (403; nothing created, not even
+            a dry run's count).
         InvalidInput: both or neither of ids and filter, too many ids, or a filter matching
             more than ``TREADLE_BATCH_MAX_RUNS`` runs (422; nothing created).
     """
+    if not principal.has(action.scope):
+        raise _missing_scope(action)
+    tenant_id, owner = principal.tenant_id, principal.owner_filter
     if (run_ids is None) == (filters is None):
         raise InvalidInput(
             "give exactly one of run_ids and filter",
@@ -151,8 +177,10 @@ async def create_batch(
                 "selection": json.dumps(selection),
                 "params": json.dumps(params),
                 "reason": reason,
-                "created_by": actor,
+                "created_by": principal.subject,
                 "owner": owner,
+                "scopes": json.dumps(sorted(s.value for s in principal.scopes)),
+                "api_key_id": principal.api_key_id,
                 "state": BatchState.RUNNING.value,
                 "matched": 0,
                 "created_at": now,
@@ -349,6 +377,51 @@ async def _act(
     return None
 
 
+def _stored_principal(batch: RowMapping) -> Principal | None:
+    """The creator's principal as the batch recorded it; None before revision 0029."""
+    if batch["scopes"] is None:
+        return None
+    known = {s.value for s in Scope}
+    return Principal(
+        tenant_id=batch["tenant_id"],
+        subject=batch["created_by"],
+        # A scope this code no longer knows grants nothing.
+        scopes=frozenset(Scope(s) for s in json.loads(batch["scopes"]) if s in known),
+        api_key_id=batch["api_key_id"],
+    )
+
+
+async def item_refusal(conn: AsyncConnection, batch: RowMapping) -> tuple[str, str] | None:
+    """Why the batch's creator may not act on its items now, as ``(code, detail)``.
+
+    The checks a single action's request would pass, re-applied by the worker for the
+    items it acts on (the batch is durable and runs later, so each check is made again
+    under the principal stored with it): the action's scope (:data:`ACTION_SCOPES`;
+    a batch recorded without scopes, before revision 0029, has none), the tenant not
+    suspended (unless the creator holds ``admin``, as for requests) and the creator's API
+    key not revoked. Codes: ``forbidden``, ``tenant_suspended``, ``api_key_revoked``.
+    None: every item may be acted on (the owner filter still applies per run).
+    """
+    action = BatchAction(batch["action"])
+    principal = _stored_principal(batch)
+    if principal is None:
+        return (
+            Forbidden.code,
+            "the batch records no scopes of its creator (created before revision 0029); "
+            "create it again",
+        )
+    if not principal.has(action.scope):
+        return Forbidden.code, str(_missing_scope(action))
+    refusal = await authority.principal_refusal(
+        conn,
+        tenant_id=principal.tenant_id,
+        subject=principal.subject,
+        api_key_id=principal.api_key_id,
+        is_admin=principal.is_admin,
+    )
+    return None if refusal is None else (refusal.cause, refusal.detail)
+
+
 @dataclass
 class ChunkResult:
     """What one committed chunk did (counted in metrics only after its commit)."""
@@ -394,7 +467,19 @@ async def process_chunk(
         reasons: dict[str, int] = json.loads(batch["skipped_reasons"]) or {}
         failures: list[dict[str, Any]] = json.loads(batch["failures"]) or []
         outcomes: dict[uuid.UUID, str] = {}
+        # Re-checked in every chunk's transaction, so an item is never acted on after
+        # its creator lost the right to (a revoked key, a suspended tenant).
+        refused = await item_refusal(conn, batch) if items else None
         for run_id in items:
+            if refused is not None:
+                result.failed += 1
+                outcomes[run_id] = "failed"
+                code, detail = refused
+                failures = [
+                    *failures,
+                    {"run_id": str(run_id), "code": code, "detail": detail[:300]},
+                ][-_FAILURES_KEPT:]
+                continue
             try:
                 async with conn.begin_nested():
                     skip = await _act(conn, settings, batch, run_id)

@@ -24,7 +24,7 @@ from app.core import json
 from app.core.errors import IdempotencyConflict
 from app.core.event_match import matches
 from app.core.ids import new_uuid7
-from app.core.status import EventKind, RunStatus, StepStatus
+from app.core.status import AccessPolicy, EventKind, RunStatus, StepStatus
 from app.core.tracing import TraceContext
 from app.db.database import Database
 from app.db.queries import events as run_events_q
@@ -181,8 +181,11 @@ async def post_event(
         subject: the caller; ``sent_by`` of the event and ``created_by`` of started runs.
         api_key_id: the API key used, stored with started runs as for a submit.
         trace: the W3C trace context started runs are submitted under.
-        owner: the caller's subject for the owner policy (``Principal.owner_filter``):
-            resumed runs it may not see are delivered to but not listed.
+        owner: the caller's owner filter (``Principal.owner_filter``: its subject, None
+            for an admin). The event reaches only runs it may act on, as a signal does
+            (another subject's ``access="owner"`` runs get nothing, now or by a later
+            wait's look-back, :func:`may_reach`); triggered runs are the caller's, as a
+            submit's are (``created_by``, API key, the definition's access policy).
 
     Returns:
         ``(record, created)``; created is False when ``post.key`` was already used for
@@ -210,6 +213,7 @@ async def post_event(
             key=post.key,
             request_hash=fingerprint,
             sent_by=subject,
+            sent_by_admin=owner is None,
         )
         if row is None:
             assert post.key is not None  # only a key can conflict
@@ -237,7 +241,7 @@ async def post_event(
             )
             started.append(str(run["run_id"]))
         await q.set_started(conn, event_id, json.dumps(started))
-        await _deliver(conn, row, subject)
+        await _deliver(conn, row, subject, owner)
         await notify(conn)
         stored = await q.get_event(conn, tenant_id, event_id)
         assert stored is not None
@@ -246,18 +250,36 @@ async def post_event(
     return await db.write_retrying(write, what="post event")
 
 
-async def _deliver(conn: AsyncConnection, event: RowMapping, actor: str) -> None:
-    # Into every open wait of the tenant on this name whose match holds: at most one
-    # wait per run (its first by step id), each run's row locked first, as a signal does,
-    # so a release racing this either sees the delivery or is seen waiting.
+def may_reach(event: RowMapping, run: RowMapping) -> bool:
+    """Whether a posted event may be delivered into ``run``: the rule of a signal.
+
+    A tenant-policy run takes any of its tenant's events; an ``access="owner"`` run only
+    its owner's (``sent_by`` is its ``created_by``) or an admin's (``sent_by_admin``), exactly
+    whom ``POST /runs/{id}/signals/{name}`` lets through
+    (:func:`app.db.queries.runs.visible_to`, docs/security.md "Owner policy"). Applied
+    at the post (:func:`app.db.queries.inbound_events.open_waits` filters by it in SQL)
+    and by a starting wait's look-back (:func:`wait_for_event`).
+    """
+    return (
+        run["access"] != AccessPolicy.OWNER
+        or bool(event["sent_by_admin"])
+        or event["sent_by"] == run["created_by"]
+    )
+
+
+async def _deliver(conn: AsyncConnection, event: RowMapping, actor: str, owner: str | None) -> None:
+    # Into every open wait of the tenant on this name whose match holds, in runs the
+    # sender may act on (``owner``, as a signal's 404): at most one wait per run (its
+    # first by step id), each run's row locked first, as a signal does, so a release
+    # racing this either sees the delivery or is seen waiting.
     data = json.loads(event["data"])
     done: set[uuid.UUID] = set()
-    for wait in await q.open_waits(conn, event["tenant_id"], event["name"]):
+    for wait in await q.open_waits(conn, event["tenant_id"], event["name"], owner=owner):
         run_id = wait["run_id"]
         if run_id in done or not matches(json.loads(wait["match"]) or {}, data):
             continue
         run = await runs_q.lock_run(conn, event["tenant_id"], run_id)
-        if RunStatus(run["status"]).is_terminal:
+        if RunStatus(run["status"]).is_terminal or not may_reach(event, run):
             continue
         if not await q.deliver(
             conn, run_id, wait["step_id"], event["event_id"], tenant_id=event["tenant_id"]
@@ -320,10 +342,13 @@ async def wait_for_event(
     own = str(ex.run_id)
 
     def wanted(event: RowMapping) -> bool:
-        # A starting wait looks back for an event that matches and did not start this
-        # very run (its trigger's input is that event already).
-        return own not in json.loads(event["started_run_ids"]) and matches(
-            match, json.loads(event["data"])
+        # A starting wait looks back for an event that matches, did not start this very
+        # run (its trigger's input is that event already) and whose sender may act on
+        # the run (the owner policy, as at the post).
+        return (
+            own not in json.loads(event["started_run_ids"])
+            and may_reach(event, ex.run)
+            and matches(match, json.loads(event["data"]))
         )
 
     if entry is None:

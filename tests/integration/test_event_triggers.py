@@ -109,9 +109,17 @@ async def private(ctx: WorkflowContext, inp: Waiter) -> str:
     return got.event_id
 
 
+@workflow("ev-private-start", access="owner", on_event="private.start")
+async def private_start(ctx: WorkflowContext, order: Order) -> str:
+    return order.order_id
+
+
 REGISTRY = Registry(
     [eur_only, any_paid, shipped, retired_v1, retired_v2, strict, waiter, twice, private]
 )
+# Registered apart by the test that uses it: one more row in REGISTRY's registration
+# transaction reorders GET /workflows' versions of equal first_registered_at.
+PRIVATE_START = Registry([private_start])
 
 
 @pytest.fixture
@@ -422,32 +430,117 @@ async def test_scope_and_tenant_isolation(esettings: Settings, db: Database) -> 
             assert (await client.get(f"/runs/{rid}")).status_code == 404
 
 
-async def test_owner_policy_runs_are_resumed_but_listed_to_their_owner_only(
+async def test_only_the_owner_or_an_admin_reaches_an_owner_policy_wait(
     esettings: Settings, db: Database
 ) -> None:
+    """Issue 34: a colleague's event resumed a private run his signal could not reach.
+
+    An event reaches an ``access="owner"`` run only from its owner or an admin, as a
+    signal does: not at the post (the wait is open) and not by a later wait's look-back
+    (the event came first). Bob's events are left alone; alice's and root's resume.
+    """
     await _register(db)
-    run_id = await support.submit(
-        db, esettings, REGISTRY, TENANT, "ev-private", subject="alice", order_id="p"
-    )
-    # Not admin: admin tokens see every run, whatever its policy.
-    scopes = frozenset({Scope.EVENTS_WRITE, Scope.RUNS_READ})
-    bob_token = DevTokens(DEV_SECRET).mint(tenant_id=TENANT, subject="bob", scopes=scopes)
-    alice_token = DevTokens(DEV_SECRET).mint(tenant_id=TENANT, subject="alice", scopes=scopes)
+    # Not admin: admin tokens reach every run, whatever its policy.
+    scopes = frozenset({Scope.EVENTS_WRITE, Scope.RUNS_READ, Scope.SIGNALS_WRITE})
+    tokens = DevTokens(DEV_SECRET)
     async with (
         support.api_client(esettings, db, TENANT, subject="bob") as bob,
         support.api_client(esettings, db, TENANT, subject="alice") as alice,
-        support.workers(esettings, db, REGISTRY),
+        support.api_client(esettings, db, TENANT, subject="root") as root,
     ):
-        bob.headers["Authorization"] = f"Bearer {bob_token}"
-        alice.headers["Authorization"] = f"Bearer {alice_token}"
-        await support.reach(db, TENANT, run_id, "waiting_event")
-        posted = (await bob.post("/events", json={"name": "private.ping"})).json()
-        assert posted["resumed_run_ids"] == []  # delivered, but not bob's to see
-        row = await _finished(db, str(run_id))
-        assert row["status"] == "completed"
+        bob.headers["Authorization"] = "Bearer " + tokens.mint(
+            tenant_id=TENANT, subject="bob", scopes=scopes
+        )
+        alice.headers["Authorization"] = "Bearer " + tokens.mint(
+            tenant_id=TENANT, subject="alice", scopes=scopes
+        )
+        run_id = await support.submit(
+            db, esettings, REGISTRY, TENANT, "ev-private", subject="alice", order_id="p"
+        )
+        # Posted before the run reaches its wait: the look-back must not take it.
+        early = (await bob.post("/events", json={"name": "private.ping"})).json()
+        assert early["resumed_run_ids"] == []
+        async with support.workers(esettings, db, REGISTRY):
+            await support.reach(db, TENANT, run_id, "waiting_event")
+            # Posted while it waits: not delivered either (his signal is 404).
+            late = (await bob.post("/events", json={"name": "private.ping"})).json()
+            assert late["resumed_run_ids"] == []
+            signal = await bob.post(f"/runs/{run_id}/signals/go", json={})
+            assert signal.status_code == 404
+            run = (await alice.get(f"/runs/{run_id}")).json()
+            assert run["status"] == "waiting_event", run
+            timeline = (await alice.get(f"/runs/{run_id}/events")).json()["items"]
+            assert "event_delivered" not in [e["kind"] for e in timeline]
+            for event in (early, late):
+                seen = (await alice.get(f"/events/{event['event_id']}")).json()
+                assert seen["resumed_run_ids"] == [], seen
+
+            # The owner's event resumes her run.
+            hers = (await alice.post("/events", json={"name": "private.ping"})).json()
+            assert hers["resumed_run_ids"] == [str(run_id)]
+            assert (await _finished(db, str(run_id)))["status"] == "completed"
+            result = (await alice.get(f"/runs/{run_id}/result")).json()
+            assert result["output"] == hers["event_id"]
+
+            # An admin of the tenant (another subject) reaches her next run too.
+            second = await support.submit(
+                db, esettings, REGISTRY, TENANT, "ev-private", subject="alice", order_id="q"
+            )
+            await support.reach(db, TENANT, second, "waiting_event")
+            posted = (await root.post("/events", json={"name": "private.ping"})).json()
+            assert posted["resumed_run_ids"] == [str(second)]
+            assert (await _finished(db, str(second)))["status"] == "completed"
+            result = (await alice.get(f"/runs/{second}/result")).json()
+            assert result["output"] == posted["event_id"]
+        assert (await bob.get(f"/events/{hers['event_id']}")).json()["resumed_run_ids"] == []
+
+
+async def test_an_admins_earlier_event_is_looked_back_into_a_private_wait(
+    esettings: Settings, db: Database
+) -> None:
+    # The look-back applies the rule as the post does: an admin's event counts.
+    await _register(db)
+    async with support.api_client(esettings, db, TENANT, subject="root") as root:
+        run_id = await support.submit(
+            db, esettings, REGISTRY, TENANT, "ev-private", subject="alice", order_id="r"
+        )
+        posted = (await root.post("/events", json={"name": "private.ping"})).json()
+        async with support.workers(esettings, db, REGISTRY):
+            assert (await _finished(db, str(run_id)))["status"] == "completed"
+        result = (await root.get(f"/runs/{run_id}/result")).json()
+        assert result["output"] == posted["event_id"]
+
+
+async def test_a_trigger_starts_an_owner_policy_run_as_the_poster_submit_would(
+    esettings: Settings, db: Database
+) -> None:
+    # The run is the poster's (created_by, access), invisible to a colleague, as the
+    # run of a POST /runs would be.
+    await _register(db)
+    async with db.write() as conn:
+        await PRIVATE_START.register(conn)
+    scopes = frozenset({Scope.EVENTS_WRITE, Scope.RUNS_READ})
+    tokens = DevTokens(DEV_SECRET)
+    async with (
+        support.api_client(esettings, db, TENANT, subject="bob") as bob,
+        support.api_client(esettings, db, TENANT, subject="alice") as alice,
+    ):
+        bob.headers["Authorization"] = "Bearer " + tokens.mint(
+            tenant_id=TENANT, subject="bob", scopes=scopes
+        )
+        alice.headers["Authorization"] = "Bearer " + tokens.mint(
+            tenant_id=TENANT, subject="alice", scopes=scopes
+        )
+        posted = (
+            await bob.post("/events", json={"name": "private.start", "data": {"order_id": "s"}})
+        ).json()
+        assert len(posted["started_run_ids"]) == 1, posted
+        rid = posted["started_run_ids"][0]
+        run = (await bob.get(f"/runs/{rid}")).json()
+        assert (run["created_by"], run["access"]) == ("bob", "owner"), run
+        assert (await alice.get(f"/runs/{rid}")).status_code == 404
         seen = (await alice.get(f"/events/{posted['event_id']}")).json()
-        assert seen["resumed_run_ids"] == [str(run_id)]
-        assert (await bob.get(f"/events/{posted['event_id']}")).json()["resumed_run_ids"] == []
+        assert seen["started_run_ids"] == []
 
 
 async def test_delivery_after_the_deadline_but_before_the_timeout_wins(

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query
 from sqlalchemy import select
 
 from app.api import schemas
-from app.api.deps import DB, RunsRead, RunsWrite, TenantQuery, read_tenant
+from app.api.deps import DB, Requeues, RunsRead, TenantQuery, read_tenant
 from app.api.pagination import decode_token, encode_token
 from app.api.problems import PROBLEM_RESPONSES
 from app.api.views import dead_letter_view
@@ -92,7 +92,7 @@ async def list_dead_letters(
     },
 )
 async def requeue_dead_letter(
-    dead_letter_id: str, body: schemas.RequeueRequest, principal: RunsWrite, db: DB
+    dead_letter_id: str, body: schemas.RequeueRequest, principal: Requeues, db: DB
 ) -> schemas.DeadLetter:
     """Re-run the failed run from its failed point; audited with who, why, correlation id.
 

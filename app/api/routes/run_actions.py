@@ -7,7 +7,18 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Body, Path, Request, Response
 
 from app.api import schemas
-from app.api.deps import DB, ApprovalsWrite, RunsWrite, SettingsDep, SignalsWrite, wake_workers
+from app.api.deps import (
+    DB,
+    DecidesApprovals,
+    Pauses,
+    Reruns,
+    Resumes,
+    Retries,
+    SettingsDep,
+    Signals,
+    Unpauses,
+    wake_workers,
+)
 from app.api.problems import PROBLEM_RESPONSES
 from app.api.routes.runs import parse_run_id
 from app.api.views import dead_letter_view, run_view
@@ -42,7 +53,7 @@ async def send_signal(
     run_id: str,
     request: Request,
     name: SignalName,
-    principal: SignalsWrite,
+    principal: Signals,
     db: DB,
     settings: SettingsDep,
     body: Annotated[schemas.SendSignalRequest | None, Body()] = None,
@@ -78,7 +89,7 @@ async def decide_approval(
     request: Request,
     step_id: StepPath,
     body: schemas.ApprovalDecisionRequest,
-    principal: ApprovalsWrite,
+    principal: DecidesApprovals,
     db: DB,
     settings: SettingsDep,
 ) -> schemas.ApprovalDecisionResult:
@@ -113,7 +124,7 @@ async def decide_approval(
     response_model=schemas.Run,
     responses={**PROBLEM_RESPONSES, **_CONFLICT},
 )
-async def resume_run(run_id: str, principal: RunsWrite, db: DB) -> schemas.Run:
+async def resume_run(run_id: str, principal: Resumes, db: DB) -> schemas.Run:
     """Make a waiting or retrying run due now (skip a backoff, re-check its waits).
 
     A wait that is still unsatisfied simply waits again. 409 if the run is not waiting.
@@ -135,7 +146,7 @@ async def resume_run(run_id: str, principal: RunsWrite, db: DB) -> schemas.Run:
     responses={**PROBLEM_RESPONSES, **_CONFLICT},
 )
 async def retry_run(
-    run_id: str, body: schemas.RequeueRequest, principal: RunsWrite, db: DB
+    run_id: str, body: schemas.RequeueRequest, principal: Retries, db: DB
 ) -> schemas.DeadLetter:
     """Re-run a failed run from its failed point (requeues its pending dead letter).
 
@@ -165,7 +176,7 @@ async def retry_run(
 )
 async def pause_run(
     run_id: str,
-    principal: RunsWrite,
+    principal: Pauses,
     db: DB,
     body: Annotated[schemas.PauseRunRequest | None, Body()] = None,
 ) -> schemas.Run:
@@ -198,7 +209,7 @@ async def pause_run(
     response_model=schemas.Run,
     responses={**PROBLEM_RESPONSES, **_CONFLICT},
 )
-async def unpause_run(run_id: str, request: Request, principal: RunsWrite, db: DB) -> schemas.Run:
+async def unpause_run(run_id: str, request: Request, principal: Unpauses, db: DB) -> schemas.Run:
     """Unpause a paused run (scope ``runs:write``).
 
     It is claimable again at once if anything fell due while it was paused. 409 if it is
@@ -232,7 +243,7 @@ async def rerun_run(
     body: schemas.RerunRequest,
     request: Request,
     response: Response,
-    principal: RunsWrite,
+    principal: Reruns,
     db: DB,
     settings: SettingsDep,
 ) -> schemas.Run:

@@ -18,7 +18,7 @@ from sqlalchemy.ext.asyncio import AsyncConnection
 from app.api import event_stream, problems, schemas
 from app.api.deps import (
     DB,
-    RunsCancel,
+    Cancels,
     RunsRead,
     RunsWrite,
     SettingsDep,
@@ -955,7 +955,7 @@ async def get_run_report_text(
 )
 async def cancel_run(
     run_id: str,
-    principal: RunsCancel,
+    principal: Cancels,
     db: DB,
     body: Annotated[schemas.CancelRunRequest | None, Body()] = None,
 ) -> schemas.Run:

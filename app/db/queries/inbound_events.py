@@ -14,7 +14,7 @@ import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
-from sqlalchemy import RowMapping, select, text, update
+from sqlalchemy import RowMapping, exists, select, text, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -56,11 +56,13 @@ async def insert_event(
     key: str | None,
     request_hash: str,
     sent_by: str,
+    sent_by_admin: bool,
 ) -> RowMapping | None:
     """Record a posted event; None when its ``key`` is already taken in the tenant.
 
-    ``started_run_ids`` starts as ``[]`` (:func:`set_started` fills it in the same
-    transaction).
+    ``sent_by_admin``: the sender holds ``admin`` (kept for the look-back of waits that
+    start later: the owner policy). ``started_run_ids`` starts as ``[]``
+    (:func:`set_started` fills it in the same transaction).
     """
     dialect = postgresql if conn.dialect.name == "postgresql" else sqlite
     stmt = (
@@ -73,6 +75,7 @@ async def insert_event(
             key=key,
             request_hash=request_hash,
             sent_by=sent_by,
+            sent_by_admin=int(sent_by_admin),
             received_at=now_expr(conn.dialect.name),
             started_run_ids="[]",
         )
@@ -171,10 +174,15 @@ async def trigger_definitions(conn: AsyncConnection, name: str) -> Sequence[RowM
     return (await conn.execute(stmt)).mappings().all()
 
 
-async def open_waits(conn: AsyncConnection, tenant_id: str, name: str) -> Sequence[RowMapping]:
-    """The tenant's waits on ``name`` still ``waiting``, by run then step.
+async def open_waits(
+    conn: AsyncConnection, tenant_id: str, name: str, *, owner: str | None
+) -> Sequence[RowMapping]:
+    """The tenant's waits on ``name`` still ``waiting`` in runs ``owner`` may act on.
 
-    Served by ``ix_event_waits_tenant_id_name_status``.
+    ``owner`` is the sender's owner filter (None: an admin, every run): another
+    subject's ``access="owner"`` runs are left out, as a signal to them is ``404``
+    (:func:`app.db.queries.runs.visible_to`, docs/security.md). By run then step; served
+    by ``ix_event_waits_tenant_id_name_status`` (and the runs key for the policy).
     """
     stmt = (
         select(event_waits)
@@ -185,6 +193,14 @@ async def open_waits(conn: AsyncConnection, tenant_id: str, name: str) -> Sequen
         )
         .order_by(event_waits.c.run_id, event_waits.c.step_id)
     )
+    if owner is not None:
+        stmt = stmt.where(
+            exists().where(
+                runs.c.tenant_id == event_waits.c.tenant_id,
+                runs.c.run_id == event_waits.c.run_id,
+                visible_to(owner),
+            )
+        )
     return (await conn.execute(stmt)).mappings().all()
 
 
