@@ -500,8 +500,10 @@ class Settings(BaseSettings):
 
     webhook_allow_private: bool = Field(
         default=False,
-        description="Let webhook targets resolve to private, loopback, link-local or reserved "
-        "addresses (the SSRF guard refuses them by default; docs/security.md).",
+        description="Let webhook targets resolve to addresses that are not globally routable "
+        "(private, loopback, link-local, site-local, reserved, and IPv6 forms carrying such "
+        "an IPv4 address): for local receivers and tests; the SSRF guard refuses them by "
+        "default (docs/security.md).",
     )
     webhook_timeout_seconds: float = Field(
         default=10.0,
