@@ -108,7 +108,8 @@ class Settings(BaseSettings):
         default=60.0,
         ge=0,
         le=86400,
-        description="How long `treadle serve` and `treadle worker` wait for an unreachable "
+        description="How long `treadle serve`, `treadle worker` and the database commands "
+        "(`migrate`, `api-keys`, `tenants`, `maintenance`) wait for an unreachable "
         "database at start (retrying with backoff, one warning per attempt) before they "
         "exit 1 with one line naming the error; 0: try once (docs/operations.md, "
         '"Start-up without a database").',
