@@ -1,6 +1,6 @@
 """Is an IP address globally routable? The webhook SSRF guard's address model.
 
-docs/security.md ("SSRF guard"), docs/adr/0049-webhook-guard-address-model.md. The
+docs/security.md ("SSRF guard"), docs/adr/0053-webhook-guard-address-model.md. The
 decision comes from the standard library's :mod:`ipaddress` (``is_global``, the
 ``is_*`` flags, ``ipv4_mapped``, ``sixtofour``, ``teredo``), not from a hand-kept list of
 private ranges. Two things are added to it:
