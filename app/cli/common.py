@@ -2,9 +2,12 @@
 
 Conventions (docs/operations.md#the-cli):
 
-- exit codes: 0 ok; 1 a failed (or unfinished) run, or an error answer from the API;
-  2 usage (bad option, invalid settings, unreadable ``--input``); 3 the API cannot be
-  reached.
+- exit codes: 0 ok; 1 a failed (or unfinished) run, an error answer from the API, a
+  database that stays unreachable or fails; 2 usage and configuration (bad option,
+  invalid settings, unreadable ``--input``, no such database, refused credentials, a
+  SQLite file that cannot be opened or written, the schema behind or ahead); 3 the API
+  cannot be reached. The database and start-up failures are
+  :func:`app.cli.failures.explain`'s, for every command.
 - ``-o`` / ``--output``: ``table`` (rich, the default) or ``json`` on every command that
   prints an API answer; the report and maintenance also take ``text``.
 - errors are one line on stderr, never a traceback.
@@ -39,9 +42,12 @@ class ExitCode(IntEnum):
 
     OK = 0
     FAILED = 1
-    """A run that failed or did not finish, or an error answer (4xx/5xx) from the API."""
+    """A run that failed or did not finish, an error answer (4xx/5xx) from the API, or a
+    database that stayed unreachable or failed (app/cli/failures.py)."""
     USAGE = 2
-    """Bad arguments or settings (click's own usage errors are 2 as well)."""
+    """Bad arguments or settings (click's own usage errors are 2 as well), a database
+    that does not exist, refuses the credentials or cannot be opened, a schema behind or
+    ahead of this code, a request the database commands refuse."""
     UNREACHABLE = 3
     """No answer from the API: connection refused, DNS, timeout."""
 
@@ -76,14 +82,28 @@ def note(message: str) -> None:
     typer.secho(printable(message, keep="\n"), err=True, dim=True)
 
 
+# What to do about the answers an operator's command gets for its credentials or ids.
+_WHAT_TO_DO = {
+    401: "check --token / TREADLE_TOKEN: missing, expired, revoked or not for this "
+    "server (dev: `treadle token`)",
+    403: "use a token with the scope this command needs, for a tenant that is not suspended",
+    404: "check the id, and the tenant of the token: another tenant's resources are not found",
+}
+
+
 def describe(exc: TreadleAPIError) -> str:
-    """One line for an error answer: status, code, detail, and field errors if any."""
+    """One line for an error answer: status, code, detail, field errors, what to do.
+
+    401, 403 and 404 end with what to do (:data:`_WHAT_TO_DO`); other answers' details
+    say it themselves.
+    """
     line = f"error: {exc}"
     fields = exc.problem.get("errors")
     if isinstance(fields, list) and fields:
         parts = [f"{e.get('path')}: {e.get('message')}" for e in fields[:5] if isinstance(e, dict)]
         line += " (" + "; ".join(parts) + (", …" if len(fields) > 5 else "") + ")"
-    return line
+    hint = _WHAT_TO_DO.get(exc.status or 0)
+    return f"{line} — {hint}" if hint else line
 
 
 @contextmanager

@@ -17,6 +17,7 @@ from app.cli.batches import batches_app
 from app.cli.check import check as check_command
 from app.cli.common import ExitCode
 from app.cli.events import events_app
+from app.cli.failures import TreadleGroup
 from app.cli.runs import dlq_app, runs_app
 from app.cli.schedules import schedules_app
 from app.cli.tenants import tenants_app
@@ -31,7 +32,9 @@ if TYPE_CHECKING:
 
 S = TypeVar("S")
 
-app = typer.Typer(help="Treadle: durable workflows as a service.", no_args_is_help=True)
+app = typer.Typer(
+    cls=TreadleGroup, help="Treadle: durable workflows as a service.", no_args_is_help=True
+)
 app.add_typer(runs_app, name="runs")
 
 
@@ -96,28 +99,26 @@ def load_settings(**overrides: Any) -> Settings:
 
 
 def _run(coro: Coroutine[Any, Any, None], *, uvloop_if_available: bool = False) -> None:
-    from app.core.errors import (
-        DatabaseMisconfigured,
-        DatabaseUnreachableAtStart,
-        HandlersNotLoaded,
-        SchemaVersionMismatch,
-    )
+    """Run ``coro`` to completion; Ctrl-C ends it quietly.
+
+    Its expected failures (the database missing, unreachable or at the wrong revision)
+    are :func:`app.cli.failures.explain`'s, raised through to the root group like every
+    command's.
+    """
+
+    async def settled() -> None:
+        from app.db.sqlite import settle_worker_threads
+
+        try:
+            await coro
+        finally:
+            await settle_worker_threads()
 
     try:
         if uvloop_if_available:
-            _run_fast(coro)
+            _run_fast(settled())
         else:
-            asyncio.run(coro)
-    except SchemaVersionMismatch as exc:
-        _fail(f"refusing to start: {exc.detail}")
-    except HandlersNotLoaded as exc:
-        _fail(f"refusing to start: {exc.detail}")
-    except DatabaseMisconfigured as exc:
-        _fail(f"refusing to start: {exc.detail}")
-    except DatabaseUnreachableAtStart as exc:
-        _fail(f"cannot start: {exc.detail}", ExitCode.FAILED)
-    except OSError as exc:
-        _fail(f"cannot reach the database: {exc}")
+            asyncio.run(settled())
     except KeyboardInterrupt:
         pass
 
@@ -137,8 +138,15 @@ def _run_fast(coro: Coroutine[Any, Any, None]) -> None:
     uvloop.run(coro)
 
 
-async def _require_schema(settings: Settings, registered: list[str] | None = None) -> None:
+async def _require_schema(
+    settings: Settings,
+    registered: list[str] | None = None,
+    *,
+    check: Callable[[Database], Awaitable[None]] | None = None,
+) -> None:
     """Refuse unless the schema is at head; fill ``registered`` with ``name@version``s.
+
+    ``check`` replaces the "at head" check (``treadle migrate``: known to this code).
 
     An unreachable database is waited for, with backoff and a warning per attempt, up
     to ``TREADLE_DB_START_TIMEOUT_SECONDS`` (as ``treadle worker`` does:
@@ -152,7 +160,7 @@ async def _require_schema(settings: Settings, registered: list[str] | None = Non
     async def attempt() -> None:
         db = Database(settings)
         try:
-            await check_schema(db)
+            await (check or check_schema)(db)
             if registered is not None:
                 async with db.read() as conn:
                     rows = await list_definitions(conn)
@@ -172,10 +180,19 @@ async def _require_schema(settings: Settings, registered: list[str] | None = Non
 @app.command()
 def migrate() -> None:
     """Upgrade the database schema to this code's head (safe to run concurrently)."""
-    from app.db.migrations import head_revision, upgrade_to_head
+    from app.db.migrations import check_upgradable, head_revision
+    from app.db.migrations import migrate as upgrade
 
     settings = load_settings()
-    upgrade_to_head(settings.database_url)
+
+    async def go() -> None:
+        # The database is waited for as at `treadle serve` (a migrate job started beside
+        # its database); one that does not exist, refuses the credentials or is ahead of
+        # this code is refused at once (app/cli/failures.py).
+        await _require_schema(settings, check=check_upgradable)
+        await upgrade(settings.database_url)
+
+    _run(go())
     typer.echo(f"database at revision {head_revision()}")
 
 
@@ -428,9 +445,9 @@ def run_on_database(make: Callable[[Database], S], work: Callable[[S], Awaitable
     """Open the database (schema at head), run ``work(make(db))``, report domain errors.
 
     For the commands that act on the database directly (``api-keys``, ``tenants``): a
-    :class:`app.core.errors.TreadleError` is printed as one line and exits 1.
+    :class:`app.core.errors.TreadleError` is printed as one line and exits 2
+    (:func:`app.cli.failures.explain`).
     """
-    from app.core.errors import TreadleError
     from app.db.database import Database
 
     settings = load_settings()
@@ -443,10 +460,7 @@ def run_on_database(make: Callable[[Database], S], work: Callable[[S], Awaitable
         finally:
             await db.dispose()
 
-    try:
-        _run(main())
-    except TreadleError as exc:
-        _fail(exc.detail)
+    _run(main())
 
 
 def _keys_run(work: Callable[[ApiKeyService], Awaitable[None]]) -> None:
@@ -575,11 +589,10 @@ def maintenance_run(
 
     async def go() -> None:
         from app.db.database import Database
-        from app.db.migrations import check_schema
 
+        await _require_schema(settings)  # waited for as at `treadle serve`
         db = Database(settings)
         try:
-            await check_schema(db)
             result.append(await run_maintenance(db, settings, tiers=tiers, dry_run=dry_run))
         finally:
             await db.dispose()
@@ -625,11 +638,10 @@ def maintenance_partitions(
 
     async def go() -> None:
         from app.db.database import Database
-        from app.db.migrations import check_schema
 
+        await _require_schema(settings)  # waited for as at `treadle serve`
         db = Database(settings)
         try:
-            await check_schema(db)
             result.append(await ensure_partitions(db, settings))
         finally:
             await db.dispose()
@@ -669,19 +681,12 @@ def maintenance_partitions(
 
 
 def main() -> None:
-    """Console-script entry point (exit codes: :class:`app.cli.common.ExitCode`)."""
-    try:
-        app()
-    except Exception as exc:
-        # A command that talks HTTP without app.client. httpx is looked up, not imported:
-        # `treadle worker` never loads it, and an httpx error needs httpx loaded.
-        httpx = sys.modules.get("httpx")
-        if httpx is None or not isinstance(exc, httpx.TransportError):
-            raise
-        typer.secho(
-            printable(f"cannot reach the API: {exc}", keep="\n"), fg=typer.colors.RED, err=True
-        )
-        raise SystemExit(ExitCode.UNREACHABLE) from None
+    """Console-script entry point (exit codes: :class:`app.cli.common.ExitCode`).
+
+    Expected failures of every command become one line and an exit code in
+    :class:`app.cli.failures.TreadleGroup`, the root group's class.
+    """
+    app()
 
 
 if __name__ == "__main__":

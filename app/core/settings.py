@@ -108,7 +108,8 @@ class Settings(BaseSettings):
         default=60.0,
         ge=0,
         le=86400,
-        description="How long `treadle serve` and `treadle worker` wait for an unreachable "
+        description="How long `treadle serve`, `treadle worker` and the database commands "
+        "(`migrate`, `api-keys`, `tenants`, `maintenance`) wait for an unreachable "
         "database at start (retrying with backoff, one warning per attempt) before they "
         "exit 1 with one line naming the error; 0: try once (docs/operations.md, "
         '"Start-up without a database").',
@@ -514,8 +515,10 @@ class Settings(BaseSettings):
 
     webhook_allow_private: bool = Field(
         default=False,
-        description="Let webhook targets resolve to private, loopback, link-local or reserved "
-        "addresses (the SSRF guard refuses them by default; docs/security.md).",
+        description="Let webhook targets resolve to addresses that are not globally routable "
+        "(private, loopback, link-local, site-local, reserved, and IPv6 forms carrying such "
+        "an IPv4 address): for local receivers and tests; the SSRF guard refuses them by "
+        "default (docs/security.md).",
     )
     webhook_timeout_seconds: float = Field(
         default=10.0,

@@ -466,6 +466,50 @@ def pooler_mistake(exc: BaseException) -> str | None:
     return None
 
 
+# What to do about a database that answers "not like this", by SQLSTATE (or its class)
+# and SQLite primary result code: waiting does not change these answers.
+_MISCONFIGURED = {
+    "3D000": "create the database, or fix its name in TREADLE_DATABASE_URL",
+    "28": "the server refused these credentials: fix the user and password in "
+    "TREADLE_DATABASE_URL (or the server's pg_hba.conf)",
+    "42501": "the database user lacks a privilege it needs: grant it, or use the "
+    "credentials of the database's owner in TREADLE_DATABASE_URL",
+    "SQLITE_CANTOPEN": "the SQLite file of TREADLE_DATABASE_URL cannot be opened or "
+    "created: its directory must exist and be writable by this user",
+    "SQLITE_READONLY": "the SQLite file of TREADLE_DATABASE_URL is read-only: make it and "
+    "its directory writable by this user",
+}
+
+
+def misconfiguration(exc: BaseException) -> str | None:
+    """What to do when ``exc`` is the database refusing the configuration, else None.
+
+    For start-up and one-shot commands (:func:`wait_out_faults`, the CLI's error
+    handler): a database that does not exist (3D000), refused credentials (class 28),
+    a missing privilege (42501), a SQLite file that cannot be opened or created
+    (``SQLITE_CANTOPEN``, or the directory for it: an ``OSError`` from creating it) or
+    written (``SQLITE_READONLY``). :func:`classify` still calls some of these
+    transient for a process already running (a file system that went away); at start
+    no wait makes them go away.
+
+    Returns:
+        One line: the driver's error (:func:`describe`, no SQL, no password), then what
+        to do; None for any other error.
+    """
+    seen: set[int] = set()
+    current: BaseException | None = exc
+    while current is not None and id(current) not in seen:
+        seen.add(id(current))
+        code = getattr(current, "sqlstate", None) or getattr(current, "sqlite_errorname", None)
+        if isinstance(code, str):
+            primary = "_".join(code.split("_")[:2]) if code.startswith("SQLITE_") else code
+            hint = _MISCONFIGURED.get(primary) or _MISCONFIGURED.get(code[:2])
+            if hint is not None:
+                return f"{describe(exc)[:300]}: {hint}"
+        current = getattr(current, "orig", None) or current.__cause__
+    return None
+
+
 # Waits between attempts of :func:`wait_out_faults`: doubling from the first, capped.
 START_RETRY_FIRST_SECONDS = 0.2
 START_RETRY_CAP_SECONDS = 2.0
@@ -504,7 +548,9 @@ async def wait_out_faults(
     Raises:
         DatabaseUnreachableAtStart: faults lasted ``give_up_after_seconds``; its detail
             names the work, the wait and the last error (password redacted).
-        DatabaseMisconfigured: a transaction pooler without TREADLE_DB_POOLER=transaction.
+        DatabaseMisconfigured: a transaction pooler without TREADLE_DB_POOLER=transaction,
+            or :func:`misconfiguration` (no such database, credentials refused, a SQLite
+            file that cannot be opened): not waited for.
         Whatever ``fn`` raised that is not a transient fault.
     """
     from app.core.errors import DatabaseMisconfigured, DatabaseUnreachableAtStart
@@ -517,7 +563,7 @@ async def wait_out_faults(
             await fn()
             return True
         except Exception as exc:
-            mistake = pooler_mistake(exc)
+            mistake = pooler_mistake(exc) or misconfiguration(exc)
             if mistake is not None:
                 raise DatabaseMisconfigured(mistake, what=what) from exc
             fault = classify(exc)

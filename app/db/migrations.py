@@ -104,6 +104,32 @@ async def current_revision(db: Database) -> str | None:
     return None if row is None else str(row[0])
 
 
+def _ahead(current: str, head: str) -> SchemaVersionMismatch:
+    return SchemaVersionMismatch(
+        f"database schema is at {current}, which this code does not know (it is ahead of "
+        f"{head}): deploy the newer Treadle release that migrated it",
+        current=current,
+        head=head,
+    )
+
+
+async def check_upgradable(db: Database) -> None:
+    """Refuse to migrate a schema this code does not know (``treadle migrate``'s check).
+
+    Behind or empty is what ``treadle migrate`` is for; at head it has nothing to do.
+
+    Raises:
+        SchemaVersionMismatch: ahead (a newer release migrated this database: Alembic
+            would fail with "Can't locate revision").
+    """
+    current = await current_revision(db)
+    if current is None or current == head_revision():
+        return
+    script = ScriptDirectory.from_config(alembic_config(db.url))
+    if current not in {rev.revision for rev in script.walk_revisions()}:
+        raise _ahead(current, head_revision())
+
+
 async def check_schema(db: Database) -> None:
     """Refuse to run against a schema that is not exactly at this code's head.
 
@@ -124,9 +150,4 @@ async def check_schema(db: Database) -> None:
             current=current,
             head=head,
         )
-    raise SchemaVersionMismatch(
-        f"database schema is at {current}, which this code does not know (it is ahead of "
-        f"{head}): deploy the newer Treadle release that migrated it",
-        current=current,
-        head=head,
-    )
+    raise _ahead(current, head)

@@ -13,8 +13,11 @@ was being cancelled).
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import sqlite3
+import threading
+import time
 
 
 class RollbackOnCloseConnection(sqlite3.Connection):
@@ -32,3 +35,35 @@ class RollbackOnCloseConnection(sqlite3.Connection):
         with contextlib.suppress(sqlite3.Error):
             self.rollback()
         super().close()
+
+
+# aiosqlite names each connection's worker thread after its target (Python's default
+# thread name: "Thread-N (_connection_worker_thread)").
+_WORKER_THREAD_SUFFIX = "(_connection_worker_thread)"
+
+
+async def settle_worker_threads(timeout_seconds: float = 2.0) -> None:
+    """Wait, up to ``timeout_seconds`` in all, for aiosqlite threads still winding down.
+
+    A connection that failed to open (a directory for a file name, a read-only path)
+    is stopped by aiosqlite without anyone awaiting the stop: if the event loop closes
+    before the thread gets to it, the thread's ``call_soon_threadsafe`` on the closed
+    loop prints a ``RuntimeError: Event loop is closed`` traceback at exit (aiosqlite
+    issue 241, open). A short-lived process (a CLI command) awaits this after disposing
+    its engines, before its loop closes, so a refused SQLite path stays one line.
+    Threads of connections still open are waited for up to the timeout, never stopped.
+    """
+    threads = [
+        t
+        for t in threading.enumerate()
+        if t.name.endswith(_WORKER_THREAD_SUFFIX) and t is not threading.current_thread()
+    ]
+    if not threads:
+        return
+
+    def join() -> None:
+        deadline = time.monotonic() + timeout_seconds
+        for thread in threads:
+            thread.join(max(0.0, deadline - time.monotonic()))
+
+    await asyncio.to_thread(join)

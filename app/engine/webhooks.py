@@ -7,10 +7,11 @@ so a terminal state is never committed without its deliveries. Workers send them
 (``app/worker/webhooks.py``).
 
 The SSRF guard (:func:`check_target`) refuses URLs that are not http(s), and hosts that
-resolve to any address that is not globally routable (private, loopback, link-local,
-multicast, reserved, unspecified, shared; IPv4-mapped IPv6 is unwrapped first), unless
-``TREADLE_WEBHOOK_ALLOW_PRIVATE``. It runs at registration and again before every send
-(DNS can change); the sender then connects to the checked address itself.
+resolve to any address that is not globally routable (:func:`app.engine.addresses.refusal`:
+private, loopback, link-local, site-local, multicast, reserved, unspecified, shared, and
+IPv6 forms carrying such an IPv4 address), unless ``TREADLE_WEBHOOK_ALLOW_PRIVATE``.
+It runs at registration and again before every send (DNS can change); the sender then
+connects to the checked address itself.
 """
 
 from __future__ import annotations
@@ -34,14 +35,13 @@ from app.core.status import TERMINAL_RUN_STATUSES, RunStatus
 from app.db.database import Database
 from app.db.queries import run_labels as labels_q
 from app.db.queries import webhooks as webhooks_q
+from app.engine.addresses import IpAddress, refusal
 from app.sdk.webhooks import new_secret
 
 MAX_URL_LENGTH = 2048
 MAX_ENDPOINTS_PER_TENANT = 50
 EVENTS = tuple(s.value for s in RunStatus if s in TERMINAL_RUN_STATUSES)
 """The statuses an endpoint can subscribe to: the terminal run statuses."""
-
-IpAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
 
 
 def _refuse(message: str) -> WebhookTargetRefused:
@@ -84,24 +84,6 @@ def parse_url(url: str) -> tuple[str, str, int]:
     return scheme, parts.hostname, port or (443 if scheme == "https" else 80)
 
 
-def refusal(address: IpAddress) -> str | None:
-    """Why the guard refuses to connect to ``address``, or None when it is public."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
-    for kind, hit in (
-        ("loopback", address.is_loopback),
-        ("private", address.is_private),
-        ("link-local", address.is_link_local),
-        ("multicast", address.is_multicast),
-        ("reserved", address.is_reserved),
-        ("unspecified", address.is_unspecified),
-        ("not globally routable", not address.is_global),
-    ):
-        if hit:
-            return f"{kind} address {address}"
-    return None
-
-
 async def check_target(url: str, *, allow_private: bool) -> Target:
     """Parse ``url``, resolve its host and apply the SSRF guard.
 
@@ -137,7 +119,7 @@ async def check_target(url: str, *, allow_private: bool) -> Target:
             why = refusal(address)
             if why is not None:
                 raise _refuse(
-                    f"url host {host!r} resolves to a {why}; webhook targets must be public "
+                    f"url host {host!r} resolves to {why}; webhook targets must be public "
                     "(TREADLE_WEBHOOK_ALLOW_PRIVATE=true allows private targets)"
                 )
     return Target(scheme=scheme, host=host, port=port, address=addresses[0])

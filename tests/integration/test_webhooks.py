@@ -9,6 +9,7 @@ processes is tests/acceptance/test_webhooks_http.py.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import uuid
 from datetime import timedelta
@@ -284,12 +285,25 @@ async def test_attempts_run_out_and_a_lapsed_claim_writes_nothing(
         await db.dispose()
 
 
-async def test_send_time_guard_refuses_a_private_target(database_url: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(
+    ("url", "named"),
+    [
+        ("http://127.0.0.1:1/in", "loopback"),
+        ("http://[2002:7f00:1::]:1/in", "6to4 address 2002:7f00:1:: carrying loopback"),
+        ("http://[2002:a9fe:a9fe::]:1/in", "169.254.169.254"),
+        ("http://[fec0::1]:1/in", "site-local"),
+        ("http://[64:ff9b::a00:1]:1/in", "NAT64 address"),
+        ("http://[::ffff:10.0.0.1]:1/in", "IPv4-mapped"),
+    ],
+)
+async def test_send_time_guard_refuses_a_private_target(
+    database_url: str, tmp_path: Path, url: str, named: str
+) -> None:
     settings = _settings(database_url, tmp_path)
     db = Database(settings)
     receiver = _Receiver(down=0)
     try:
-        endpoint = await _endpoint(db, settings, TENANT, url="http://127.0.0.1:1/in")
+        endpoint = await _endpoint(db, settings, TENANT, url=url)
         run_id = await support.submit(db, settings, REGISTRY, TENANT, "wh-flow")
         await control.cancel(db, tenant_id=TENANT, run_id=run_id, actor="a", reason="no")
         # The setting is off by the time it is sent (as if DNS now pointed inside).
@@ -301,8 +315,61 @@ async def test_send_time_guard_refuses_a_private_target(database_url: str, tmp_p
         async with db.read() as conn:
             [attempt] = (await conn.execute(select(webhook_attempts))).mappings().all()
         assert attempt["http_status"] is None
-        assert "refused" in attempt["error"] and "loopback" in attempt["error"]
+        assert "refused" in attempt["error"] and named in attempt["error"], attempt["error"]
         assert (await _deliveries(db, endpoint))[0]["state"] == "pending"
+    finally:
+        await db.dispose()
+
+
+async def test_send_time_guard_checks_the_address_it_connects_to(
+    database_url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """DNS rebinding: the name answers a public address at registration, then others.
+
+    The resolver is the one seam replaced (a name under our control); each send resolves
+    again, checks every answer, and the request goes to the checked address itself (the
+    URL's host a literal, Host header and TLS name the name's), never to a second lookup.
+    """
+    answers: list[list[str]] = [["93.184.215.14"]]
+
+    async def resolve(host: str, port: int, **_: object) -> list[tuple[object, ...]]:
+        assert host == "hooks.example.com"
+        return [(0, 0, 0, "", (address, port)) for address in answers[0]]
+
+    monkeypatch.setattr(asyncio.get_running_loop(), "getaddrinfo", resolve)
+    strict = _settings(database_url, tmp_path, webhook_allow_private=False)
+    db = Database(strict)
+    receiver = _Receiver(down=0)
+    try:
+        endpoint = await _endpoint(db, strict, TENANT, url="https://hooks.example.com:8443/in")
+        run_id = await support.submit(db, strict, REGISTRY, TENANT, "wh-flow")
+        await control.cancel(db, tenant_id=TENANT, run_id=run_id, actor="a", reason="no")
+        sender = WebhookSender(db, strict, worker_id="w")
+        async with httpx.AsyncClient(transport=httpx.MockTransport(receiver.handler)) as client:
+            for rebound in (["127.0.0.1"], ["93.184.215.14", "2002:a9fe:a9fe::"]):
+                answers[0] = rebound  # one private answer among public ones is enough
+                assert await sender.run_once(client) == 1
+                await _make_due(db)
+            assert receiver.requests == []
+            answers[0] = ["2606:4700::1111", "93.184.215.14"]
+            assert await sender.run_once(client) == 1
+        [request] = receiver.requests
+        assert request.url.host == "2606:4700::1111" and request.url.port == 8443
+        assert request.headers["host"] == "hooks.example.com:8443"
+        assert request.extensions["sni_hostname"] == "hooks.example.com"
+        async with db.read() as conn:
+            errors = [
+                a["error"]
+                for a in (
+                    await conn.execute(
+                        select(webhook_attempts).order_by(webhook_attempts.c.attempt)
+                    )
+                ).mappings()
+            ]
+        assert "loopback address 127.0.0.1" in errors[0]
+        assert "6to4 address 2002:a9fe:a9fe::" in errors[1]
+        assert errors[2] is None
+        assert (await _deliveries(db, endpoint))[0]["state"] == "delivered"
     finally:
         await db.dispose()
 
@@ -323,6 +390,10 @@ async def test_webhooks_api_bad_input_and_tenant_isolation(
                 ("http://169.254.169.254/latest/meta-data", "webhook_target_refused"),
                 ("http://[::1]/x", "webhook_target_refused"),
                 ("http://[::ffff:127.0.0.1]/x", "webhook_target_refused"),
+                ("http://[2002:7f00:1::]/x", "webhook_target_refused"),
+                ("http://[2002:a9fe:a9fe::]/x", "webhook_target_refused"),
+                ("http://[fec0::1]/x", "webhook_target_refused"),
+                ("http://[64:ff9b::7f00:1]/x", "webhook_target_refused"),
                 ("http://localhost:8000/x", "webhook_target_refused"),
                 ("ftp://example.com/x", "webhook_target_refused"),
                 ("not a url", "webhook_target_refused"),

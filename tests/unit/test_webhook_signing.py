@@ -13,7 +13,8 @@ import pytest
 from app.api.schemas import CreateApiKeyRequest, ScopeName
 from app.auth.principal import Scope
 from app.core.errors import WebhookTargetRefused
-from app.engine.webhooks import check_target, parse_url, refusal
+from app.engine.addresses import refusal
+from app.engine.webhooks import check_target, parse_url
 from app.sdk.webhooks import WebhookVerificationError, new_secret, sign, verify_signature
 
 BODY = b'{"type":"run.completed","data":{"run_id":"r"}}'
@@ -102,7 +103,7 @@ async def test_ssrf_guard_refuses_non_public_addresses(address: str) -> None:
 
 
 async def test_ssrf_guard_resolves_host_names() -> None:
-    with pytest.raises(WebhookTargetRefused, match="'localhost' resolves to a loopback"):
+    with pytest.raises(WebhookTargetRefused, match="'localhost' resolves to loopback"):
         await check_target("https://localhost/hook", allow_private=False)
     assert refusal(ipaddress.ip_address("93.184.215.14")) is None
     assert refusal(ipaddress.ip_address("2606:4700::1111")) is None
