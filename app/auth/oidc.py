@@ -5,16 +5,16 @@
     # GET /ui/login/oidc
     url, cookie = await oidc.begin(oidc.redirect_url(external_base))
     response = RedirectResponse(url, 303)
-    response.set_cookie(STATE_COOKIE, cookie, max_age=STATE_TTL_SECONDS, httponly=True,
-                        samesite="lax", secure=https, path="/ui/login/oidc")
+    # STATE_COOKIE, HttpOnly, SameSite=Lax; __Host-, Secure, Path=/ on https
+    STATE.set(request, response, cookie, max_age=STATE_TTL_SECONDS)
 
     # GET /ui/login/oidc/callback
     try:
-        login = await oidc.complete(request.query_params, request.cookies.get(STATE_COOKIE))
+        login = await oidc.complete(request.query_params, STATE.read(request))
     except OidcError as exc:  # str(exc) is safe to show on the login page (status 401)
         ...
     await start_session(request, response, login.token)
-    response.delete_cookie(STATE_COOKIE, path="/ui/login/oidc")  # one sign-in, one cookie
+    STATE.clear(request, response)  # one sign-in, one cookie
 
 ``oidc`` is ``request.app.state.oidc_sign_in`` (None: no OIDC configured, no link shown;
 its ``provider_name`` names the link).
@@ -54,7 +54,10 @@ from app.core.errors import IdentityProviderUnavailable, Unauthenticated
 from app.core.settings import Settings
 
 STATE_COOKIE = "treadle_oidc"
-"""Name of the short-lived cookie that carries one sign-in's state, nonce and verifier."""
+"""Name of the short-lived cookie that carries one sign-in's state, nonce and verifier.
+
+On https the console names it ``__Host-treadle_oidc`` (``app.console.oidc_pages.STATE``).
+"""
 
 STATE_TTL_SECONDS = 600
 """How long a sign-in may take between :meth:`OidcSignIn.begin` and ``complete`` (s)."""

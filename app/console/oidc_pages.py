@@ -16,12 +16,13 @@ from fastapi.responses import RedirectResponse, Response
 
 from app.auth.oidc import STATE_COOKIE, STATE_TTL_SECONDS, OidcError, OidcSignIn
 from app.client import TreadleAPIError
-from app.console import auth_pages, sessions
+from app.console import auth_pages, cookies, origin, sessions
 from app.console.web import api_message, redirect
 
 router = APIRouter()
 
-_COOKIE_PATH = "/ui/login/oidc"
+STATE = cookies.ConsoleCookie(STATE_COOKIE, "/ui/login/oidc")
+"""One sign-in's encrypted state (``__Host-treadle_oidc`` on https, app.console.cookies)."""
 
 
 def provider(request: Request) -> OidcSignIn | None:
@@ -44,7 +45,7 @@ async def _refused(request: Request, message: str) -> Response:
         error=f"Sign-in with the identity provider failed: {message}",
         status_code=401,
     )
-    response.delete_cookie(STATE_COOKIE, path=_COOKIE_PATH)
+    STATE.clear(request, response)
     return response
 
 
@@ -59,15 +60,8 @@ async def begin(request: Request) -> Response:
     except OidcError as exc:
         return await _refused(request, str(exc))
     response = RedirectResponse(url, status_code=303)
-    response.set_cookie(
-        STATE_COOKIE,
-        cookie,
-        max_age=STATE_TTL_SECONDS,
-        path=_COOKIE_PATH,
-        secure=request.url.scheme == "https",
-        httponly=True,
-        samesite="lax",  # the provider's redirect back is a top-level GET: Lax sends it
-    )
+    # __Host- on https, so no sibling origin can plant a state of its own (login CSRF).
+    STATE.set(request, response, cookie, max_age=STATE_TTL_SECONDS)
     return response
 
 
@@ -80,7 +74,9 @@ async def callback(request: Request) -> Response:
     """Finish the sign-in: check state and id_token, then start a session (303 to Runs).
 
     Any failure (state mismatch or expiry, the provider's error, a bad id_token, a token
-    the API refuses) shows the login page with the reason, status 401, and no session.
+    the API refuses, a navigation from a sibling page of this site while the provider
+    is elsewhere: :func:`app.console.origin.callback_from_elsewhere`) shows the login
+    page with the reason, status 401, and no session.
     """
     oidc = _required(request)
     # The provider sends each of these once (RFC 6749 §4.1.2); a second copy would be read
@@ -89,8 +85,10 @@ async def callback(request: Request) -> Response:
     if repeated:
         names = ", ".join(repeated)
         return await _refused(request, f"the answer repeats {names}; start the sign-in again")
+    if why := origin.callback_from_elsewhere(request, oidc.issuer):
+        return await _refused(request, why)
     try:
-        login = await oidc.complete(request.query_params, request.cookies.get(STATE_COOKIE))
+        login = await oidc.complete(request.query_params, STATE.read(request))
     except OidcError as exc:
         return await _refused(request, str(exc))
     response = redirect("/ui/runs")
@@ -100,5 +98,5 @@ async def callback(request: Request) -> Response:
         if exc.status is None or exc.status >= 500:
             raise
         return await _refused(request, api_message(exc))
-    response.delete_cookie(STATE_COOKIE, path=_COOKIE_PATH)  # one sign-in, one cookie
+    STATE.clear(request, response)  # one sign-in, one cookie
     return response
