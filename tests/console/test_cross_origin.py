@@ -52,7 +52,7 @@ def console_posts() -> list[str]:
         PREFIX + re.sub(r"\{[^}]+\}", "x", route.path)
         for router in ROUTERS
         for route in router.routes
-        if isinstance(route, APIRoute) and "POST" in route.methods
+        if isinstance(route, APIRoute) and "POST" in (route.methods or set())
     ]
     assert "/ui/login" in paths and "/ui/logout" in paths and len(paths) > 8, paths
     return sorted(paths)
