@@ -105,6 +105,9 @@ class OidcLogin:
         subject: the id_token's ``sub`` (the person, as the provider names them).
         principal: what the API makes of ``token`` (tenant, subject, scopes, groups).
         id_token_claims: the validated id_token's claims (``name``, ``email``... if any).
+        return_to: what :meth:`OidcSignIn.begin` was given as ``return_to`` ("" if none);
+            it came back inside the encrypted state cookie, so the browser could not
+            change it, but the caller validates it again before following it.
     """
 
     token: str
@@ -112,6 +115,7 @@ class OidcLogin:
     subject: str
     principal: Principal
     id_token_claims: dict[str, Any]
+    return_to: str = ""
 
 
 class OidcSignIn:
@@ -159,13 +163,15 @@ class OidcSignIn:
         """
         return self.settings.oidc_redirect_url or external_base.rstrip("/") + CALLBACK_PATH
 
-    async def begin(self, redirect_url: str) -> tuple[str, str]:
+    async def begin(self, redirect_url: str, return_to: str = "") -> tuple[str, str]:
         """Start a sign-in: the provider URL to redirect to, and the state cookie's value.
 
         The URL carries ``response_type=code``, the client id, scopes, ``redirect_uri``,
         fresh ``state`` and ``nonce`` and a PKCE S256 ``code_challenge``; the cookie value
-        (encrypted, valid :data:`STATE_TTL_SECONDS`) keeps state, nonce, verifier and
-        redirect URL for :meth:`complete`. Set it HttpOnly, SameSite=Lax.
+        (encrypted, valid :data:`STATE_TTL_SECONDS`) keeps state, nonce, verifier,
+        redirect URL and ``return_to`` (the caller's opaque "where to go afterwards", the
+        console's validated page path, returned as :attr:`OidcLogin.return_to`) for
+        :meth:`complete`. Set it HttpOnly, SameSite=Lax.
 
         Raises:
             OidcProviderError: the provider's discovery document cannot be read.
@@ -188,6 +194,7 @@ class OidcSignIn:
                 "nonce": nonce,
                 "code_verifier": code_verifier,
                 "redirect_uri": redirect_url,
+                "return_to": return_to,
                 "iat": now,
                 "exp": now + STATE_TTL_SECONDS,
             },
@@ -245,6 +252,7 @@ class OidcSignIn:
                 subject=str(claims["sub"]),
                 principal=principal,
                 id_token_claims=claims,
+                return_to=str(saved.get("return_to") or ""),
             )
         raise OidcTokenError(
             "signed in at the identity provider, but Treadle's API accepts none of its "

@@ -12,7 +12,7 @@ from fastapi.responses import Response
 from app.client import TreadleAPIError
 from app.console import cookies, crypto, sessions
 from app.console.sessions import Session
-from app.console.web import CsrfForm, api_message, redirect, render, safe_next
+from app.console.web import CsrfForm, api_message, confirm_page, redirect, render, safe_next
 
 router = APIRouter()
 
@@ -117,6 +117,33 @@ async def login(
         )
     cookies.LOGIN.clear(request, response)
     return response
+
+
+@router.get("/logout")
+async def logout_page(request: Request) -> Response:
+    """``/ui/logout`` opened as a page: a **Sign out** button, or the sign-in page.
+
+    Signed in: the confirmation page whose button posts the sign-out (a GET never ends a
+    session, so a link or an image elsewhere cannot sign anyone out). Not signed in: a
+    303 to ``/ui/login``.
+    """
+    session = await sessions.load_session(request)
+    if session is None:
+        return redirect("/ui/login")
+    return await confirm_page(
+        request,
+        session,
+        {
+            "title": "Sign out?",
+            "message": f"Sign out {session.subject} · {session.tenant_id}? The session ends "
+            "on the server; sign in again to come back.",
+            "action": "/ui/logout",
+            "fields": [],
+            "button": "Sign out",
+            "back": "/ui/runs",
+            "preview": None,
+        },
+    )
 
 
 @router.post("/logout")

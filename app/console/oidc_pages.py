@@ -17,7 +17,7 @@ from fastapi.responses import RedirectResponse, Response
 from app.auth.oidc import STATE_COOKIE, STATE_TTL_SECONDS, OidcError, OidcSignIn
 from app.client import TreadleAPIError
 from app.console import auth_pages, cookies, origin, sessions
-from app.console.web import api_message, redirect
+from app.console.web import api_message, redirect, safe_next
 
 router = APIRouter()
 
@@ -50,13 +50,18 @@ async def _refused(request: Request, message: str) -> Response:
 
 
 @router.get("/login/oidc")
-async def begin(request: Request) -> Response:
-    """Redirect (303) to the provider's authorization endpoint with a fresh state cookie."""
+async def begin(request: Request, next: str | None = None) -> Response:
+    """Redirect (303) to the provider's authorization endpoint with a fresh state cookie.
+
+    ``next``: the console page first asked for (a relative ``/ui/…`` path, checked by
+    :func:`app.console.web.safe_next`; anything else means Runs). It travels in the
+    encrypted state cookie and the callback goes there once signed in.
+    """
     oidc = _required(request)
     sessions.get_config(request)  # 503 page when the console has no session secret
     base = str(request.base_url).rstrip("/")
     try:
-        url, cookie = await oidc.begin(oidc.redirect_url(base))
+        url, cookie = await oidc.begin(oidc.redirect_url(base), return_to=safe_next(next))
     except OidcError as exc:
         return await _refused(request, str(exc))
     response = RedirectResponse(url, status_code=303)
@@ -71,7 +76,10 @@ CALLBACK_PARAMETERS = ("state", "code", "error", "error_description")
 
 @router.get("/login/oidc/callback")
 async def callback(request: Request) -> Response:
-    """Finish the sign-in: check state and id_token, then start a session (303 to Runs).
+    """Finish the sign-in: check state and id_token, then start a session.
+
+    The answer is a 303 to the page the sign-in began for (``next`` of the login page),
+    else to Runs.
 
     Any failure (state mismatch or expiry, the provider's error, a bad id_token, a token
     the API refuses, a navigation from a sibling page of this site while the provider
@@ -91,7 +99,9 @@ async def callback(request: Request) -> Response:
         login = await oidc.complete(request.query_params, STATE.read(request))
     except OidcError as exc:
         return await _refused(request, str(exc))
-    response = redirect("/ui/runs")
+    # Checked again on the way out: the cookie's key is the server's, but a page path
+    # is never followed unvalidated.
+    response = redirect(safe_next(login.return_to))
     try:
         await sessions.start_session(request, response, login.token)
     except TreadleAPIError as exc:

@@ -9,8 +9,6 @@ tests send what Chromium sends for such a page's auto-posted form.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -19,7 +17,7 @@ from fastapi.routing import APIRoute
 from app.console import PREFIX
 from app.console.pages import ROUTERS
 from tests.acceptance.conftest import Stack, token
-from tests.console.conftest import CONSOLE_SECRET, Browser, alerts, field
+from tests.console.conftest import Browser, alerts, field
 
 # What the browser says about a form auto-posted by a page elsewhere: a sibling port or
 # subdomain (same-site), another site, or an old browser's Origin alone.
@@ -29,21 +27,6 @@ FOREIGN = [
     {"Origin": "http://127.0.0.1:1"},
     {"Origin": "null"},
 ]
-
-
-@pytest.fixture
-def api(database_url: str, tmp_path: Path, stack_env: dict[str, str]) -> Iterator[Stack]:
-    """``treadle serve`` with the console on (no worker: nothing here runs)."""
-    s = Stack(
-        database_url=database_url,
-        tmp=tmp_path,
-        env={**stack_env, "TREADLE_CONSOLE_SECRET": CONSOLE_SECRET},
-    )
-    try:
-        s.start_api()
-        yield s
-    finally:
-        s.stop()
 
 
 def console_posts() -> list[str]:
@@ -58,8 +41,8 @@ def console_posts() -> list[str]:
     return sorted(paths)
 
 
-def test_every_console_post_refuses_a_form_from_another_origin(api: Stack) -> None:
-    victim = Browser(api.url)
+def test_every_console_post_refuses_a_form_from_another_origin(console_api: Stack) -> None:
+    victim = Browser(console_api.url)
     try:
         assert victim.sign_in(token()).status_code == 303
         csrf = victim.csrf()
@@ -75,7 +58,7 @@ def test_every_console_post_refuses_a_form_from_another_origin(api: Stack) -> No
         # Still signed in (the sign-out form from elsewhere did nothing), and the same
         # form from the console's own page works.
         assert victim.get("/ui/runs").status_code == 200
-        own = {"Sec-Fetch-Site": "same-origin", "Origin": api.url}
+        own = {"Sec-Fetch-Site": "same-origin", "Origin": console_api.url}
         out = victim.http.post("/ui/logout", data={"csrf_token": csrf}, headers=own)
         assert out.status_code == 303 and out.headers["location"] == "/ui/login"
     finally:
@@ -84,11 +67,11 @@ def test_every_console_post_refuses_a_form_from_another_origin(api: Stack) -> No
 
 @pytest.mark.parametrize("headers", FOREIGN, ids=["same-site", "cross-site", "origin", "null"])
 def test_login_csrf_with_the_attackers_own_valid_form_signs_nobody_in(
-    api: Stack, headers: dict[str, str]
+    console_api: Stack, headers: dict[str, str]
 ) -> None:
     """The attacker's own sign-in form (nonce cookie + signed field), replayed elsewhere."""
-    attacker = Browser(api.url)
-    victim = Browser(api.url)
+    attacker = Browser(console_api.url)
+    victim = Browser(console_api.url)
     try:
         form = attacker.get("/ui/login")
         nonce = attacker.http.cookies["treadle_console_login"]
@@ -111,9 +94,9 @@ def test_login_csrf_with_the_attackers_own_valid_form_signs_nobody_in(
         victim.close()
 
 
-def test_the_sign_in_token_is_signed_by_the_server(api: Stack) -> None:
+def test_the_sign_in_token_is_signed_by_the_server(console_api: Stack) -> None:
     """A nonce the attacker chose has no valid field: the old double-submit copy fails."""
-    b = Browser(api.url)
+    b = Browser(console_api.url)
     try:
         form = b.get("/ui/login")
         nonce = b.http.cookies["treadle_console_login"]
@@ -136,15 +119,15 @@ def test_the_sign_in_token_is_signed_by_the_server(api: Stack) -> None:
         b.close()
 
 
-def test_signing_in_again_ends_the_browsers_previous_session(api: Stack) -> None:
-    b = Browser(api.url)
+def test_signing_in_again_ends_the_browsers_previous_session(console_api: Stack) -> None:
+    b = Browser(console_api.url)
     try:
         assert b.sign_in(token("acme", "alice")).status_code == 303
         first = b.http.cookies["treadle_console"]
         assert b.sign_in(token("acme", "bob")).status_code == 303
         assert b.http.cookies["treadle_console"] != first
         # The first session's id no longer opens anything.
-        with httpx.Client(base_url=api.url, timeout=60) as other:
+        with httpx.Client(base_url=console_api.url, timeout=60) as other:
             other.cookies.set("treadle_console", first, path="/ui")
             assert other.get("/ui/runs").status_code == 303
         assert "bob" in b.get("/ui/runs").text
@@ -152,16 +135,37 @@ def test_signing_in_again_ends_the_browsers_previous_session(api: Stack) -> None
         b.close()
 
 
-def test_origin_of_this_host_and_requests_without_browser_headers_pass(api: Stack) -> None:
+def test_origin_of_this_host_and_requests_without_browser_headers_pass(console_api: Stack) -> None:
     """Go's rule 3: a client sending neither header is no browser (no victim's cookies)."""
-    b = Browser(api.url)
+    b = Browser(console_api.url)
     try:
         form = b.get("/ui/login")
         answer = b.http.post(
             "/ui/login",
             data={"token": token(), "login_csrf": field(form.text, "login_csrf")},
-            headers={"Origin": api.url},
+            headers={"Origin": console_api.url},
         )
         assert answer.status_code == 303, answer.text[:500]
     finally:
+        b.close()
+
+
+def test_logout_opened_as_a_page_asks_to_sign_out(console_api: Stack) -> None:
+    """``GET /ui/logout`` (a bookmark, a typed address): a Sign out button, or sign-in."""
+    stranger = Browser(console_api.url)
+    b = Browser(console_api.url)
+    try:
+        assert stranger.get("/ui/logout").headers.get("location") == "/ui/login"
+        assert b.sign_in(token()).status_code == 303
+        page = b.get("/ui/logout")
+        assert page.status_code == 200, page.text[:500]
+        assert "<h1>Sign out?</h1>" in page.text
+        assert 'action="/ui/logout"' in page.text and ">Sign out</button>" in page.text
+        # The GET itself ended nothing; the page's own form does.
+        assert b.get("/ui/runs").status_code == 200
+        out = b.post("/ui/logout", {"csrf_token": field(page.text, "csrf_token"), "confirm": "yes"})
+        assert out.status_code == 303 and out.headers["location"] == "/ui/login"
+        assert b.get("/ui/runs").status_code == 303
+    finally:
+        stranger.close()
         b.close()
