@@ -345,6 +345,11 @@ async def _cross_origin(request: Request, exc: Exception) -> Response:
     log.info(
         "console form refused: sent from another origin", path=request.url.path, source=exc.source
     )
+    try:
+        session = await sessions.load_session(request)
+    except sessions.ConsoleDisabled:
+        # The check runs before anything else, even on a console without its secret.
+        session = None
     return await render(
         request,
         "error.html",
@@ -355,7 +360,7 @@ async def _cross_origin(request: Request, exc: Exception) -> Response:
             "action). Open the console at its own address and try again.",
             "code": "cross_origin_refused",
         },
-        session=await sessions.load_session(request),
+        session=session,
         status_code=403,
         show_flash=False,
     )
