@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import socket
+import ssl
 import subprocess
 import threading
 import time
@@ -70,8 +71,11 @@ def wait_until_serving(
     log: Path,
     *,
     timeout: float = 90.0,
+    verify: ssl.SSLContext = TLS,
 ) -> None:
     """Poll ``url + "/readyz"`` until it answers 200 while ``process`` stays alive.
+
+    ``verify`` checks an https server's certificate (a test's own CA, for example).
 
     A process may print its banner (tokens, URLs) before uvicorn binds its socket, so a
     refused or reset connection means "not yet", never a failure; only the deadline or the
@@ -82,7 +86,7 @@ def wait_until_serving(
     Raises:
         AssertionError: ``process`` exited, or ``timeout`` seconds passed.
     """
-    with httpx.Client(base_url=url, timeout=5, verify=TLS) as client:
+    with httpx.Client(base_url=url, timeout=5, verify=verify) as client:
 
         def ready() -> bool:
             if process.poll() is not None:

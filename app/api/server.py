@@ -183,7 +183,8 @@ def server_config(
 
     Args:
         app: the ASGI app (``create_app(settings)``).
-        settings: host, port and the header size and read-time bounds.
+        settings: host, port, TLS files, trusted proxies and the header size and
+            read-time bounds.
         graceful_shutdown_seconds: on SIGTERM, how long open requests (long-polls) get.
 
     Returns:
@@ -202,4 +203,13 @@ def server_config(
         timeout_graceful_shutdown=graceful_shutdown_seconds,
         http=bounded_h11(settings.header_read_timeout_seconds, settings.body_read_timeout_seconds),
         h11_max_incomplete_event_size=settings.max_header_bytes,
+        # https served here (TREADLE_SSL_CERTFILE/KEYFILE): the request's scheme is https.
+        ssl_certfile=str(settings.ssl_certfile) if settings.ssl_certfile else None,
+        ssl_keyfile=str(settings.ssl_keyfile) if settings.ssl_keyfile else None,
+        # TLS ended by a proxy: uvicorn's ProxyHeadersMiddleware takes the scheme and the
+        # client address from X-Forwarded-Proto / X-Forwarded-For, from these peers only
+        # (TREADLE_FORWARDED_ALLOW_IPS; never uvicorn's FORWARDED_ALLOW_IPS variable, so
+        # one setting decides). The console's Secure and __Host- cookies follow the scheme.
+        proxy_headers=True,
+        forwarded_allow_ips=settings.forwarded_allow_ips,
     )

@@ -5,16 +5,16 @@
     # GET /ui/login/oidc
     url, cookie = await oidc.begin(oidc.redirect_url(external_base))
     response = RedirectResponse(url, 303)
-    response.set_cookie(STATE_COOKIE, cookie, max_age=STATE_TTL_SECONDS, httponly=True,
-                        samesite="lax", secure=https, path="/ui/login/oidc")
+    # STATE_COOKIE, HttpOnly, SameSite=Lax; __Host-, Secure, Path=/ on https
+    STATE.set(request, response, cookie, max_age=STATE_TTL_SECONDS)
 
     # GET /ui/login/oidc/callback
     try:
-        login = await oidc.complete(request.query_params, request.cookies.get(STATE_COOKIE))
+        login = await oidc.complete(request.query_params, STATE.read(request))
     except OidcError as exc:  # str(exc) is safe to show on the login page (status 401)
         ...
     await start_session(request, response, login.token)
-    response.delete_cookie(STATE_COOKIE, path="/ui/login/oidc")  # one sign-in, one cookie
+    STATE.clear(request, response)  # one sign-in, one cookie
 
 ``oidc`` is ``request.app.state.oidc_sign_in`` (None: no OIDC configured, no link shown;
 its ``provider_name`` names the link).
@@ -54,7 +54,10 @@ from app.core.errors import IdentityProviderUnavailable, Unauthenticated
 from app.core.settings import Settings
 
 STATE_COOKIE = "treadle_oidc"
-"""Name of the short-lived cookie that carries one sign-in's state, nonce and verifier."""
+"""Name of the short-lived cookie that carries one sign-in's state, nonce and verifier.
+
+On https the console names it ``__Host-treadle_oidc`` (``app.console.oidc_pages.STATE``).
+"""
 
 STATE_TTL_SECONDS = 600
 """How long a sign-in may take between :meth:`OidcSignIn.begin` and ``complete`` (s)."""
@@ -102,6 +105,9 @@ class OidcLogin:
         subject: the id_token's ``sub`` (the person, as the provider names them).
         principal: what the API makes of ``token`` (tenant, subject, scopes, groups).
         id_token_claims: the validated id_token's claims (``name``, ``email``... if any).
+        return_to: what :meth:`OidcSignIn.begin` was given as ``return_to`` ("" if none);
+            it came back inside the encrypted state cookie, so the browser could not
+            change it, but the caller validates it again before following it.
     """
 
     token: str
@@ -109,6 +115,7 @@ class OidcLogin:
     subject: str
     principal: Principal
     id_token_claims: dict[str, Any]
+    return_to: str = ""
 
 
 class OidcSignIn:
@@ -156,13 +163,15 @@ class OidcSignIn:
         """
         return self.settings.oidc_redirect_url or external_base.rstrip("/") + CALLBACK_PATH
 
-    async def begin(self, redirect_url: str) -> tuple[str, str]:
+    async def begin(self, redirect_url: str, return_to: str = "") -> tuple[str, str]:
         """Start a sign-in: the provider URL to redirect to, and the state cookie's value.
 
         The URL carries ``response_type=code``, the client id, scopes, ``redirect_uri``,
         fresh ``state`` and ``nonce`` and a PKCE S256 ``code_challenge``; the cookie value
-        (encrypted, valid :data:`STATE_TTL_SECONDS`) keeps state, nonce, verifier and
-        redirect URL for :meth:`complete`. Set it HttpOnly, SameSite=Lax.
+        (encrypted, valid :data:`STATE_TTL_SECONDS`) keeps state, nonce, verifier,
+        redirect URL and ``return_to`` (the caller's opaque "where to go afterwards", the
+        console's validated page path, returned as :attr:`OidcLogin.return_to`) for
+        :meth:`complete`. Set it HttpOnly, SameSite=Lax.
 
         Raises:
             OidcProviderError: the provider's discovery document cannot be read.
@@ -185,6 +194,7 @@ class OidcSignIn:
                 "nonce": nonce,
                 "code_verifier": code_verifier,
                 "redirect_uri": redirect_url,
+                "return_to": return_to,
                 "iat": now,
                 "exp": now + STATE_TTL_SECONDS,
             },
@@ -242,6 +252,7 @@ class OidcSignIn:
                 subject=str(claims["sub"]),
                 principal=principal,
                 id_token_claims=claims,
+                return_to=str(saved.get("return_to") or ""),
             )
         raise OidcTokenError(
             "signed in at the identity provider, but Treadle's API accepts none of its "

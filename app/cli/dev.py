@@ -53,7 +53,7 @@ async def run_dev(
     approver = DevTokens(dev_secret(settings)).mint(
         tenant_id="default", subject="approver", scopes=APPROVER_SCOPES, groups=approver_groups
     )
-    url = base_url(settings.host, settings.port)
+    url = base_url(settings.host, settings.port, https=settings.ssl_certfile is not None)
     # Generated now (dev mode), so the console's first page load does not have to.
     console_config(settings)
     typer.echo(f"Treadle dev server on {url} (database {safe_database_url(settings.database_url)})")

@@ -215,6 +215,14 @@ def _starting(role: str, settings: Settings) -> None:
 def serve(
     host: Annotated[str | None, typer.Option(help="Bind address")] = None,
     port: Annotated[int | None, typer.Option(help="Port")] = None,
+    ssl_certfile: Annotated[
+        Path | None,
+        typer.Option(help="Serve https with this PEM certificate (TREADLE_SSL_CERTFILE)"),
+    ] = None,
+    ssl_keyfile: Annotated[
+        Path | None,
+        typer.Option(help="The certificate's PEM private key (TREADLE_SSL_KEYFILE)"),
+    ] = None,
 ) -> None:
     """Run the HTTP API (uvicorn). Refuses to start unless the schema is at head.
 
@@ -227,7 +235,9 @@ def serve(
     from app.core import tracing
     from app.core.logging import configure_logging
 
-    settings = load_settings(host=host, port=port)
+    settings = load_settings(
+        host=host, port=port, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile
+    )
     configure_logging(settings)
     _starting("api", settings)
     # Traces when the OTEL_* variables ask (docs/operations.md#traces), before create_app
@@ -246,6 +256,7 @@ def serve(
         settings.database_url,
         registered,
         console_note(settings),
+        https=settings.ssl_certfile is not None,
     )
     server = AnnouncingServer(config, line)
     try:
@@ -349,6 +360,14 @@ def require_chosen_auth(settings: Settings, command: str) -> None:
 @app.command()
 def dev(
     port: Annotated[int | None, typer.Option(help="Port")] = None,
+    ssl_certfile: Annotated[
+        Path | None,
+        typer.Option(help="Serve https with this PEM certificate (TREADLE_SSL_CERTFILE)"),
+    ] = None,
+    ssl_keyfile: Annotated[
+        Path | None,
+        typer.Option(help="The certificate's PEM private key (TREADLE_SSL_KEYFILE)"),
+    ] = None,
     handlers: Annotated[list[str] | None, typer.Option("--handlers")] = None,
     approver_groups: Annotated[
         list[str] | None,
@@ -368,7 +387,7 @@ def dev(
     from app.cli.dev import run_dev
     from app.core.logging import configure_logging
 
-    settings = load_settings(port=port)
+    settings = load_settings(port=port, ssl_certfile=ssl_certfile, ssl_keyfile=ssl_keyfile)
     configure_logging(settings)
     require_local_dev(settings, "dev")
     sys.path.insert(0, os.getcwd())

@@ -31,26 +31,36 @@ def _workflows(keys: Sequence[str]) -> str:
     return ", ".join(keys) if keys else "none registered yet"
 
 
-def base_url(host: str, port: int) -> str:
-    """``http://HOST:PORT`` (an IPv6 host in brackets)."""
+def base_url(host: str, port: int, *, https: bool = False) -> str:
+    """``http://HOST:PORT`` (``https://`` when serving TLS; an IPv6 host in brackets)."""
     shown = f"[{host}]" if ":" in host else host
-    return f"http://{shown}:{port}"
+    return f"{'https' if https else 'http'}://{shown}:{port}"
 
 
 def console_note(settings: Settings) -> str:
     """``console http://HOST:PORT/ui/``, or why the console is off (docs/console.md)."""
     if settings.console_secret is None and settings.auth_mode != AuthMode.DEV:
         return "console off: set TREADLE_CONSOLE_SECRET"
-    return f"console {base_url(settings.host, settings.port)}/ui/"
+    https = settings.ssl_certfile is not None
+    return f"console {base_url(settings.host, settings.port, https=https)}/ui/"
 
 
 def serve_line(
-    host: str, port: int, database_url: str, workflows: Sequence[str], console: str = ""
+    host: str,
+    port: int,
+    database_url: str,
+    workflows: Sequence[str],
+    console: str = "",
+    *,
+    https: bool = False,
 ) -> str:
-    """``treadle serve: ready on http://HOST:PORT (database …; workflows …; console …)``."""
+    """``treadle serve: ready on http://HOST:PORT (database …; workflows …; console …)``.
+
+    ``https``: the server serves TLS itself (``TREADLE_SSL_CERTFILE``): ``https://``.
+    """
     tail = f"; {console}" if console else ""
     return (
-        f"treadle serve: ready on {base_url(host, port)} "
+        f"treadle serve: ready on {base_url(host, port, https=https)} "
         f"(database {safe_database_url(database_url)}; workflows {_workflows(workflows)}{tail})"
     )
 

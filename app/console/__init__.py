@@ -31,7 +31,9 @@ How a page module plugs in (the whole interface):
    the form, once its ``csrf_token`` matched the session's (otherwise a 403 page and
    nothing done). Confirmation is a step: the first POST without ``confirm=yes`` renders
    ``confirm.html`` (``{"title", "message", "action", "fields", "button"}``) whose form
-   re-posts the same fields with ``confirm=yes``; only that second POST acts.
+   re-posts the same fields with ``confirm=yes``; only that second POST acts. Before
+   any of that, every POST under ``/ui`` must come from the console's own origin
+   (:func:`app.console.origin.same_origin`, added by :func:`mount`: a 403 page).
 6. **Messages.** ``await flash(request, session, "status" | "alert", text)``
    (:func:`app.console.sessions.flash`) then ``return redirect(url)`` (303): the next full
    page shows it in ``<div role="status">`` or ``<div role="alert">``. A page rendered
@@ -48,18 +50,20 @@ How a page module plugs in (the whole interface):
 
 HTTP-level tests drive all of this with a cookie-keeping client (``tests/console``):
 ``GET /ui/login``, POST the token with the page's ``login_csrf``, then read
-``csrf_token`` from any page's sign-out form.
+``csrf_token`` from any page's sign-out form. Cookies are named by the scheme
+(:mod:`app.console.cookies`: ``__Host-`` on https).
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
 
-from fastapi import APIRouter, FastAPI, Request, params
+from fastapi import APIRouter, Depends, FastAPI, Request, params
 from fastapi.responses import RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
 from app.console.headers import ConsoleHeaders
+from app.console.origin import same_origin
 from app.console.pages import ROUTERS
 from app.console.sessions import load_session
 from app.console.web import EXCEPTION_HANDLERS, STATIC_DIR, problem_page, render
@@ -98,8 +102,13 @@ def mount(app: FastAPI, *, dependencies: Sequence[params.Depends] = ()) -> None:
     # Static files first: the catch-all page below must not shadow them.
     app.mount("/ui/static", StaticFiles(directory=STATIC_DIR), name="console-static")
     for router in ROUTERS:
+        # same_origin first: a form from another origin is refused before its session,
+        # CSRF token or fields are read (app.console.origin).
         app.include_router(
-            router, prefix=PREFIX, include_in_schema=False, dependencies=list(dependencies)
+            router,
+            prefix=PREFIX,
+            include_in_schema=False,
+            dependencies=[Depends(same_origin), *dependencies],
         )
 
     @app.get("/ui/{rest:path}", include_in_schema=False)

@@ -2,24 +2,28 @@
 
 from __future__ import annotations
 
-import hmac
 import secrets
+import time
 from typing import Annotated
 
 from fastapi import APIRouter, Form, Request
 from fastapi.responses import Response
 
 from app.client import TreadleAPIError
-from app.console import sessions
+from app.console import cookies, crypto, sessions
 from app.console.sessions import Session
-from app.console.web import CsrfForm, api_message, redirect, render, safe_next
+from app.console.web import CsrfForm, api_message, confirm_page, redirect, render, safe_next
 
 router = APIRouter()
 
-# Sign-in has no session yet, so its form is CSRF-protected by a double-submit cookie:
-# another site can neither read the cookie nor set it, so it cannot sign a browser in
-# under the attacker's own token ("login CSRF").
-LOGIN_COOKIE = "treadle_console_login"
+# Sign-in has no session yet. Its form is protected against login CSRF (another page
+# signing the browser in under the attacker's token) three ways: the POST must come from
+# this origin (app.console.origin, before anything else); the form's token is the
+# server's HMAC of the nonce in the login cookie (crypto.login_token), so a planted nonce
+# has no token to go with it; and on https that cookie is __Host- (app.console.cookies),
+# which no sibling origin can plant at all.
+LOGIN_TTL_SECONDS = 3600
+"""How long a sign-in form stays valid (s): its cookie's lifetime and the token's."""
 
 
 async def login_page(
@@ -30,11 +34,17 @@ async def login_page(
     notice: str | None = None,
     status_code: int = 200,
 ) -> Response:
-    """The sign-in page with a fresh double-submit token (cookie and hidden field).
+    """The sign-in page with a fresh signed form token (nonce cookie and hidden field).
 
     ``error`` shows in ``role=alert``, ``notice`` in ``role=status``.
+
+    Raises:
+        ConsoleDisabled: no session secret is configured (the token is signed with it).
     """
-    login_csrf = secrets.token_urlsafe(32)
+    config = sessions.get_config(request)
+    assert config.secret is not None  # get_config raised otherwise
+    nonce = secrets.token_urlsafe(32)
+    login_csrf = crypto.login_token(nonce, secret=config.secret, issued=int(time.time()))
     flash = ("alert", error) if error else (("status", notice) if notice else None)
     response = await render(
         request,
@@ -42,15 +52,7 @@ async def login_page(
         {"next": next_url, "login_csrf": login_csrf, "flash": flash, "oidc": _oidc(request)},
         status_code=status_code,
     )
-    response.set_cookie(
-        LOGIN_COOKIE,
-        login_csrf,
-        max_age=3600,
-        path="/ui/login",
-        secure=request.url.scheme == "https",
-        httponly=True,
-        samesite="lax",
-    )
+    cookies.LOGIN.set(request, response, nonce, max_age=LOGIN_TTL_SECONDS)
     return response
 
 
@@ -89,10 +91,13 @@ async def login(
     for text that is no token (empty, over 16,384 characters, not printable), 401 for a
     token the API refuses, 403 for a suspended tenant.
     """
-    sessions.get_config(request)
+    config = sessions.get_config(request)
+    assert config.secret is not None
     target = safe_next(next)
-    cookie = request.cookies.get(LOGIN_COOKIE, "")
-    if not cookie or not hmac.compare_digest(cookie.encode(), login_csrf.encode()):
+    nonce = cookies.LOGIN.read(request) or ""
+    if not crypto.login_token_valid(
+        login_csrf, nonce, secret=config.secret, now=int(time.time()), ttl=LOGIN_TTL_SECONDS
+    ):
         return await login_page(
             request,
             next_url=target,
@@ -110,8 +115,35 @@ async def login(
         return await login_page(
             request, next_url=target, error=api_message(exc), status_code=status
         )
-    response.delete_cookie(LOGIN_COOKIE, path="/ui/login")
+    cookies.LOGIN.clear(request, response)
     return response
+
+
+@router.get("/logout")
+async def logout_page(request: Request) -> Response:
+    """``/ui/logout`` opened as a page: a **Sign out** button, or the sign-in page.
+
+    Signed in: the confirmation page whose button posts the sign-out (a GET never ends a
+    session, so a link or an image elsewhere cannot sign anyone out). Not signed in: a
+    303 to ``/ui/login``.
+    """
+    session = await sessions.load_session(request)
+    if session is None:
+        return redirect("/ui/login")
+    return await confirm_page(
+        request,
+        session,
+        {
+            "title": "Sign out?",
+            "message": f"Sign out {session.subject} · {session.tenant_id}? The session ends "
+            "on the server; sign in again to come back.",
+            "action": "/ui/logout",
+            "fields": [],
+            "button": "Sign out",
+            "back": "/ui/runs",
+            "preview": None,
+        },
+    )
 
 
 @router.post("/logout")

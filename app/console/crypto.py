@@ -5,12 +5,15 @@ The key is ``HKDF-SHA256(ikm=session id, salt=TREADLE_CONSOLE_SECRET, info=…)`
 browser holds (the database keeps its SHA-256), *and* the server secret. The stored
 ``id_hash`` is the GCM associated data: a ciphertext moved to another row fails to open.
 See docs/adr/0017-console-architecture.md.
+
+The sign-in form's token is signed here too (:func:`login_token`).
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import hmac
 import os
 
 from cryptography.exceptions import InvalidTag
@@ -59,3 +62,42 @@ def open_sealed(text: str, *, session_id: str, secret: str) -> str:
         return plain.decode()
     except (InvalidTag, ValueError, UnicodeError) as exc:
         raise TokenUnreadable("the session's token cannot be opened") from exc
+
+
+_LOGIN_INFO = b"treadle console sign-in form v1"
+
+
+def _login_key(secret: str) -> bytes:
+    # A key of its own for the sign-in form, so the session secret is never used raw.
+    hkdf = HKDF(algorithm=hashes.SHA256(), length=32, salt=None, info=_LOGIN_INFO)
+    return hkdf.derive(secret.encode())
+
+
+def _login_mac(nonce: str, issued: int, secret: str) -> str:
+    mac = hmac.new(_login_key(secret), f"{nonce}.{issued}".encode(), hashlib.sha256)
+    return base64.urlsafe_b64encode(mac.digest()).decode().rstrip("=")
+
+
+def login_token(nonce: str, *, secret: str, issued: int) -> str:
+    """The sign-in form's token for the cookie's ``nonce``: ``<issued>.<HMAC>``.
+
+    The HMAC-SHA256 is keyed by ``TREADLE_CONSOLE_SECRET`` (through HKDF) over the nonce
+    and the issue time (Unix seconds), so only the server can make a token that matches a
+    nonce: a page elsewhere that plants a nonce of its own cannot compute the field to go
+    with it (OWASP CSRF cheat sheet, "signed double-submit cookie").
+    """
+    return f"{issued}.{_login_mac(nonce, issued, secret)}"
+
+
+def login_token_valid(token: str, nonce: str, *, secret: str, now: int, ttl: int) -> bool:
+    """Whether ``token`` is :func:`login_token`'s for ``nonce``, issued under ``ttl`` s ago.
+
+    A token from the future (clock moved back) or older than ``ttl`` is refused too.
+    """
+    issued_text, _, mac = token.partition(".")
+    if not issued_text.isdigit() or len(issued_text) > 12 or not nonce:
+        return False
+    issued = int(issued_text)
+    if not (now - ttl <= issued <= now + 60):
+        return False
+    return hmac.compare_digest(mac.encode(), _login_mac(nonce, issued, secret).encode())

@@ -16,12 +16,13 @@ from fastapi.responses import RedirectResponse, Response
 
 from app.auth.oidc import STATE_COOKIE, STATE_TTL_SECONDS, OidcError, OidcSignIn
 from app.client import TreadleAPIError
-from app.console import auth_pages, sessions
-from app.console.web import api_message, redirect
+from app.console import auth_pages, cookies, origin, sessions
+from app.console.web import api_message, redirect, safe_next
 
 router = APIRouter()
 
-_COOKIE_PATH = "/ui/login/oidc"
+STATE = cookies.ConsoleCookie(STATE_COOKIE, "/ui/login/oidc")
+"""One sign-in's encrypted state (``__Host-treadle_oidc`` on https, app.console.cookies)."""
 
 
 def provider(request: Request) -> OidcSignIn | None:
@@ -44,30 +45,28 @@ async def _refused(request: Request, message: str) -> Response:
         error=f"Sign-in with the identity provider failed: {message}",
         status_code=401,
     )
-    response.delete_cookie(STATE_COOKIE, path=_COOKIE_PATH)
+    STATE.clear(request, response)
     return response
 
 
 @router.get("/login/oidc")
-async def begin(request: Request) -> Response:
-    """Redirect (303) to the provider's authorization endpoint with a fresh state cookie."""
+async def begin(request: Request, next: str | None = None) -> Response:
+    """Redirect (303) to the provider's authorization endpoint with a fresh state cookie.
+
+    ``next``: the console page first asked for (a relative ``/ui/…`` path, checked by
+    :func:`app.console.web.safe_next`; anything else means Runs). It travels in the
+    encrypted state cookie and the callback goes there once signed in.
+    """
     oidc = _required(request)
     sessions.get_config(request)  # 503 page when the console has no session secret
     base = str(request.base_url).rstrip("/")
     try:
-        url, cookie = await oidc.begin(oidc.redirect_url(base))
+        url, cookie = await oidc.begin(oidc.redirect_url(base), return_to=safe_next(next))
     except OidcError as exc:
         return await _refused(request, str(exc))
     response = RedirectResponse(url, status_code=303)
-    response.set_cookie(
-        STATE_COOKIE,
-        cookie,
-        max_age=STATE_TTL_SECONDS,
-        path=_COOKIE_PATH,
-        secure=request.url.scheme == "https",
-        httponly=True,
-        samesite="lax",  # the provider's redirect back is a top-level GET: Lax sends it
-    )
+    # __Host- on https, so no sibling origin can plant a state of its own (login CSRF).
+    STATE.set(request, response, cookie, max_age=STATE_TTL_SECONDS)
     return response
 
 
@@ -77,10 +76,15 @@ CALLBACK_PARAMETERS = ("state", "code", "error", "error_description")
 
 @router.get("/login/oidc/callback")
 async def callback(request: Request) -> Response:
-    """Finish the sign-in: check state and id_token, then start a session (303 to Runs).
+    """Finish the sign-in: check state and id_token, then start a session.
+
+    The answer is a 303 to the page the sign-in began for (``next`` of the login page),
+    else to Runs.
 
     Any failure (state mismatch or expiry, the provider's error, a bad id_token, a token
-    the API refuses) shows the login page with the reason, status 401, and no session.
+    the API refuses, a navigation from a sibling page of this site while the provider
+    is elsewhere: :func:`app.console.origin.callback_from_elsewhere`) shows the login
+    page with the reason, status 401, and no session.
     """
     oidc = _required(request)
     # The provider sends each of these once (RFC 6749 §4.1.2); a second copy would be read
@@ -89,16 +93,20 @@ async def callback(request: Request) -> Response:
     if repeated:
         names = ", ".join(repeated)
         return await _refused(request, f"the answer repeats {names}; start the sign-in again")
+    if why := origin.callback_from_elsewhere(request, oidc.issuer):
+        return await _refused(request, why)
     try:
-        login = await oidc.complete(request.query_params, request.cookies.get(STATE_COOKIE))
+        login = await oidc.complete(request.query_params, STATE.read(request))
     except OidcError as exc:
         return await _refused(request, str(exc))
-    response = redirect("/ui/runs")
+    # Checked again on the way out: the cookie's key is the server's, but a page path
+    # is never followed unvalidated.
+    response = redirect(safe_next(login.return_to))
     try:
         await sessions.start_session(request, response, login.token)
     except TreadleAPIError as exc:
         if exc.status is None or exc.status >= 500:
             raise
         return await _refused(request, api_message(exc))
-    response.delete_cookie(STATE_COOKIE, path=_COOKIE_PATH)  # one sign-in, one cookie
+    STATE.clear(request, response)  # one sign-in, one cookie
     return response

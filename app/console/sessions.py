@@ -1,10 +1,12 @@
 """Server-side console sessions: sign-in, look-up, flash messages and sign-out.
 
-The cookie ``treadle_console`` (HttpOnly, SameSite=Lax, Secure on https, Path=/ui) holds
-a random session id (``secrets.token_urlsafe(32)``). The ``console_sessions`` row is keyed
-by its SHA-256 and keeps the user's token sealed under a key derived from the id and
-``TREADLE_CONSOLE_SECRET`` (:mod:`app.console.crypto`), the CSRF token, a one-shot flash
-message and the idle and absolute deadlines (checked with the database clock).
+The session cookie (:data:`app.console.cookies.SESSION`: ``__Host-treadle_console`` with
+Secure and Path=/ on https, ``treadle_console`` with Path=/ui on http; HttpOnly,
+SameSite=Lax) holds a random session id (``secrets.token_urlsafe(32)``). The
+``console_sessions`` row is keyed by its SHA-256 and keeps the user's token sealed under
+a key derived from the id and ``TREADLE_CONSOLE_SECRET`` (:mod:`app.console.crypto`), the
+CSRF token, a one-shot flash message and the idle and absolute deadlines (checked with
+the database clock).
 """
 
 from __future__ import annotations
@@ -17,14 +19,12 @@ from typing import Annotated, Literal
 from fastapi import Depends, Request, Response
 
 from app.client import TreadleAPIError
-from app.console import crypto
+from app.console import cookies, crypto
 from app.console.client import in_process_client
 from app.console.settings import ConsoleConfig, console_config
 from app.db.database import Database
 from app.db.queries import console_sessions as sessions_q
 
-COOKIE = "treadle_console"
-COOKIE_PATH = "/ui"
 MAX_TOKEN_CHARS = 16_384
 REFRESH_HEADER = "x-console-fragment"
 """Sent by the live-refresh script: such requests do not count as activity."""
@@ -91,7 +91,8 @@ async def start_session(request: Request, response: Response, token: str) -> Non
 
     The token is checked with ``GET /whoami`` in-process, exactly as the API checks any
     request: the session's tenant and subject are the API's answer. The OIDC callback
-    calls this with the access token it obtained.
+    calls this with the access token it obtained. A session this browser already had
+    (its cookie on ``request``) ends: one browser, one session.
 
     Raises:
         TreadleAPIError: the API refused the token (``detail`` says why; 401, or 403 for
@@ -112,8 +113,13 @@ async def start_session(request: Request, response: Response, token: str) -> Non
         who = await api.whoami()
     session_id = secrets.token_urlsafe(32)
     id_hash = crypto.id_hash(session_id)
+    previous = cookies.SESSION.read(request)
     async with _db(request).write() as conn:
         await sessions_q.delete_ended(conn, idle_seconds=config.idle_seconds)
+        if previous:
+            # Signing in again replaces this browser's session: the old one ends now
+            # rather than live on, unreachable, until its timeout.
+            await sessions_q.delete_session(conn, crypto.id_hash(previous))
         await sessions_q.insert_session(
             conn,
             id_hash=id_hash,
@@ -123,15 +129,7 @@ async def start_session(request: Request, response: Response, token: str) -> Non
             csrf_token=secrets.token_urlsafe(32),
             absolute_seconds=config.absolute_seconds,
         )
-    response.set_cookie(
-        COOKIE,
-        session_id,
-        max_age=int(config.absolute_seconds),
-        path=COOKIE_PATH,
-        secure=request.url.scheme == "https",
-        httponly=True,
-        samesite="lax",
-    )
+    cookies.SESSION.set(request, response, session_id, max_age=int(config.absolute_seconds))
 
 
 async def load_session(request: Request) -> ConsoleSession | None:
@@ -142,7 +140,7 @@ async def load_session(request: Request) -> ConsoleSession | None:
     """
     config = get_config(request)
     assert config.secret is not None
-    session_id = request.cookies.get(COOKIE)
+    session_id = cookies.SESSION.read(request)
     if not session_id or len(session_id) > 128:
         return None
     id_hash = crypto.id_hash(session_id)
@@ -189,7 +187,7 @@ async def end_session(request: Request, session: ConsoleSession, response: Respo
     """Delete the session's row and clear its cookie on ``response`` (sign-out)."""
     async with _db(request).write() as conn:
         await sessions_q.delete_session(conn, session.id_hash)
-    clear_cookie(response)
+    clear_cookie(request, response)
 
 
 async def end_session_by_hash(request: Request, id_hash: str) -> None:
@@ -198,9 +196,9 @@ async def end_session_by_hash(request: Request, id_hash: str) -> None:
         await sessions_q.delete_session(conn, id_hash)
 
 
-def clear_cookie(response: Response) -> None:
+def clear_cookie(request: Request, response: Response) -> None:
     """Expire the session cookie in the browser."""
-    response.delete_cookie(COOKIE, path=COOKIE_PATH, httponly=True, samesite="lax")
+    cookies.SESSION.clear(request, response)
 
 
 async def flash(request: Request, session: ConsoleSession, kind: FlashKind, text: str) -> None:

@@ -21,9 +21,10 @@ from starlette.datastructures import FormData
 from starlette.templating import Jinja2Templates
 
 from app.client import AsyncTreadleClient, TreadleAPIError
-from app.console import crypto, sessions
+from app.console import cookies, crypto, sessions
 from app.console.client import in_process_client
 from app.console.headers import page_headers
+from app.console.origin import CrossOriginRefused
 from app.console.sessions import ConsoleSession, Session
 from app.core.text import printable, text_problem
 
@@ -294,13 +295,13 @@ async def _api_error(request: Request, exc: Exception) -> Response:
     # session holds is of no more use (expired, revoked): the session ends with it.
     assert isinstance(exc, TreadleAPIError)
     if exc.status == 401:
-        session_id = request.cookies.get(sessions.COOKIE)
+        session_id = cookies.SESSION.read(request)
         if session_id:
             await sessions.end_session_by_hash(request, crypto.id_hash(session_id))
         response = redirect(
             "/ui/login?expired=1&next=" + quote(safe_next(request.url.path), safe="")
         )
-        sessions.clear_cookie(response)
+        sessions.clear_cookie(request, response)
         return response
     session = await sessions.load_session(request)
     status = exc.status if exc.status and 400 <= exc.status < 600 else 502
@@ -316,8 +317,8 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 async def _not_signed_in(request: Request, exc: Exception) -> Response:
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
     response = redirect("/ui/login?next=" + quote(safe_next(target), safe=""))
-    if request.cookies.get(sessions.COOKIE):
-        sessions.clear_cookie(response)
+    if cookies.SESSION.read(request):
+        sessions.clear_cookie(request, response)
     return response
 
 
@@ -332,6 +333,32 @@ async def _csrf_rejected(request: Request, exc: Exception) -> Response:
             "message": "This form was not sent from your console page (its CSRF token is "
             "missing or wrong), so nothing was done. Reload the page and try again.",
             "code": "csrf_rejected",
+        },
+        session=session,
+        status_code=403,
+        show_flash=False,
+    )
+
+
+async def _cross_origin(request: Request, exc: Exception) -> Response:
+    assert isinstance(exc, CrossOriginRefused)
+    log.info(
+        "console form refused: sent from another origin", path=request.url.path, source=exc.source
+    )
+    try:
+        session = await sessions.load_session(request)
+    except sessions.ConsoleDisabled:
+        # The check runs before anything else, even on a console without its secret.
+        session = None
+    return await render(
+        request,
+        "error.html",
+        {
+            "title": "Form refused",
+            "message": "This form was sent from another site or another port of this "
+            "host, not from the console's own page, so nothing was done (no sign-in, no "
+            "action). Open the console at its own address and try again.",
+            "code": "cross_origin_refused",
         },
         session=session,
         status_code=403,
@@ -449,6 +476,7 @@ EXCEPTION_HANDLERS = {
     TreadleAPIError: _api_error,
     sessions.NotSignedIn: _not_signed_in,
     CsrfRejected: _csrf_rejected,
+    CrossOriginRefused: _cross_origin,
     FormFieldTooLong: _field_too_long,
     sessions.ConsoleDisabled: _disabled,
 }

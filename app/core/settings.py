@@ -6,6 +6,7 @@ Settings are built once per process by its composition root (``create_app``,
 
 from __future__ import annotations
 
+import ipaddress
 from enum import StrEnum
 from importlib.util import find_spec
 from pathlib import Path
@@ -576,6 +577,25 @@ class Settings(BaseSettings):
 
     host: str = "127.0.0.1"
     port: int = Field(default=8000, ge=1, le=65535)
+    ssl_certfile: Path | None = Field(
+        default=None,
+        description="PEM certificate (chain) file: `treadle serve` and `treadle dev` then "
+        "serve https themselves (uvicorn's ssl_certfile); needs TREADLE_SSL_KEYFILE. The "
+        "console's cookies get the `__Host-` prefix on https (docs/console.md).",
+    )
+    ssl_keyfile: Path | None = Field(
+        default=None,
+        description="PEM private key of TREADLE_SSL_CERTFILE (uvicorn's ssl_keyfile).",
+    )
+    forwarded_allow_ips: str = Field(
+        default="127.0.0.1,::1",
+        description="Comma-separated addresses or CIDR networks of the reverse proxies "
+        "trusted to say the client's scheme and address (X-Forwarded-Proto, "
+        "X-Forwarded-For; uvicorn's forwarded_allow_ips), or `*` for any peer. A request "
+        "with X-Forwarded-Proto: https from one of them is https to the console (Secure, "
+        "`__Host-` cookies); from any other peer the headers are ignored. Default: this "
+        "machine only (docs/deployment.md).",
+    )
     log_format: LogFormat = LogFormat.CONSOLE
     log_level: str = "INFO"
     # The per-attempt lines (step started / finished) alone: turn them down on a busy
@@ -599,6 +619,39 @@ class Settings(BaseSettings):
         if value.upper() not in known:
             raise ValueError(f"not a log level: {value!r} (one of {', '.join(known)})")
         return value.upper()
+
+    @field_validator("forwarded_allow_ips")
+    @classmethod
+    def _proxy_addresses(cls, value: str) -> str:
+        # uvicorn would take a typo as a literal host name that no peer ever matches, so
+        # a proxy's https would silently not count: name the bad entry instead.
+        entries = [e.strip() for e in value.split(",") if e.strip()]
+        if not entries:
+            raise ValueError("give at least one address or network, or `*`")
+        for entry in entries:
+            if entry == "*":
+                continue
+            try:
+                ipaddress.ip_network(entry, strict=False)
+            except ValueError:
+                raise ValueError(
+                    f"not an IP address or CIDR network: {entry!r} (e.g. 10.0.0.5, "
+                    "10.0.0.0/24, ::1, or * for any peer)"
+                ) from None
+        return ",".join(entries)
+
+    @model_validator(mode="after")
+    def _check_tls(self) -> Self:
+        # One without the other cannot serve https; a missing file is named here rather
+        # than in uvicorn's traceback at start.
+        if (self.ssl_certfile is None) != (self.ssl_keyfile is None):
+            raise ValueError(
+                "TREADLE_SSL_CERTFILE and TREADLE_SSL_KEYFILE go together: give both or neither"
+            )
+        for name, path in (("CERTFILE", self.ssl_certfile), ("KEYFILE", self.ssl_keyfile)):
+            if path is not None and not path.is_file():
+                raise ValueError(f"TREADLE_SSL_{name}: no such file: {path}")
+        return self
 
     @field_validator("database_url", "read_database_url", "listen_database_url")
     @classmethod

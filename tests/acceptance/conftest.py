@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 from collections.abc import Iterator, Sequence
@@ -71,6 +72,8 @@ class Stack:
     api: subprocess.Popen[bytes] | None = None
     workers: list[subprocess.Popen[bytes]] = field(default_factory=list)
     logs: list[Path] = field(default_factory=list)
+    #: Checks the API's certificate when ``env`` has TREADLE_SSL_CERTFILE (https).
+    verify: ssl.SSLContext = TLS
 
     def _spawn(
         self, args: list[str], name: str, extra_env: dict[str, str] | None = None
@@ -88,10 +91,11 @@ class Stack:
 
     def start_api(self, extra_env: dict[str, str] | None = None) -> None:
         port = free_port()
-        self.url = f"http://127.0.0.1:{port}"
+        scheme = "https" if "TREADLE_SSL_CERTFILE" in {**self.env, **(extra_env or {})} else "http"
+        self.url = f"{scheme}://127.0.0.1:{port}"
         self.api = self._spawn(["serve", "--port", str(port)], "api", extra_env)
         # Generous: on a loaded 2-core box the interpreter alone takes ~25 s to start.
-        wait_until_serving(self.url, self.api, self.logs[-1], timeout=90)
+        wait_until_serving(self.url, self.api, self.logs[-1], timeout=90, verify=self.verify)
 
     def start_worker(
         self,
@@ -148,7 +152,7 @@ class Stack:
             base_url=self.url,
             headers={"Authorization": f"Bearer {tok or token()}"},
             timeout=60,
-            verify=TLS,  # plain HTTP; see tests.helpers.TLS for why it is shared
+            verify=self.verify,  # plain HTTP unless https; see tests.helpers.TLS
         )
 
     def stop(self) -> None:

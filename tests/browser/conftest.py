@@ -43,6 +43,10 @@ CHROMIUM = Path(os.environ.get("TREADLE_TEST_CHROMIUM", "/usr/bin/chromium"))
 ARTIFACTS = Path(os.environ.get("TREADLE_TEST_ARTIFACTS", ROOT / "test-artifacts"))
 #: Hosts a page may load from: this machine only.
 LOCAL_HOSTS = frozenset({"127.0.0.1", "localhost", "::1", "[::1]"})
+#: A test domain whose every name Chromium resolves to 127.0.0.1 (``CHROMIUM_FLAGS``), so
+#: a test can serve sibling subdomains (console.treadle.test, evil.treadle.test) on
+#: loopback: cookies of a parent domain behave as on a real network.
+TEST_DOMAIN = "treadle.test"
 #: Chromium flags for a closed network. Without the background-networking ones Chromium
 #: opens connections to its vendor's services at start (refused here, many at a time) and
 #: looks up hosts it cannot resolve; none of that is the page's traffic, and Playwright's
@@ -56,6 +60,8 @@ CHROMIUM_FLAGS = [
     "--disable-sync",
     # Containers give /dev/shm 64 MB; Chromium's renderer crashes on a large page there.
     "--disable-dev-shm-usage",
+    # Names of the test domain are this machine (no DNS asked): TEST_DOMAIN.
+    f"--host-resolver-rules=MAP *.{TEST_DOMAIN} 127.0.0.1",
 ]
 #: Milliseconds Playwright waits for a page or an element: generous, the stack shares two
 #: cores with other tests.
@@ -123,7 +129,9 @@ class Browser:
 
 def _is_external(url: str) -> bool:
     parts = urlsplit(url)
-    return parts.scheme in {"http", "https", "ws", "wss"} and parts.hostname not in LOCAL_HOSTS
+    host = parts.hostname or ""
+    local = host in LOCAL_HOSTS or host.endswith("." + TEST_DOMAIN)
+    return parts.scheme in {"http", "https", "ws", "wss"} and not local
 
 
 def block_external(context: BrowserContext, recorded: list[tuple[str, str]]) -> None:
@@ -172,12 +180,17 @@ def playwright_driver(stack: Stack) -> Iterator[Playwright]:
         yield pw
 
 
-def launch(pw: Playwright, profile: Path) -> BrowserContext:
+def launch(pw: Playwright, profile: Path, *, trust_spki: str | None = None) -> BrowserContext:
     """Start headless Chromium with a fresh, empty profile in ``profile``; the caller closes it.
 
     Each call is a separate browser with its own cookies: two people signed in at once.
+    ``trust_spki``: the base64 SHA-256 of a test certificate's public key, which Chromium
+    then accepts as valid (``tests/support/tls.py``), so https pages are secure contexts
+    with their ordinary cookie rules, not certificate-error pages.
     """
     flags = list(CHROMIUM_FLAGS)
+    if trust_spki:
+        flags.append(f"--ignore-certificate-errors-spki-list={trust_spki}")
     # Chromium refuses to run as root inside its sandbox; the sandbox needs user namespaces
     # a container rarely grants. As an unprivileged user the sandbox stays on.
     if os.geteuid() == 0:
@@ -270,4 +283,4 @@ def console_with_examples(console: Stack) -> Stack:
     return console
 
 
-__all__ = ["Browser", "launch", "token"]
+__all__ = ["TEST_DOMAIN", "Browser", "launch", "token"]

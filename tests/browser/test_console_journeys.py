@@ -251,7 +251,7 @@ def test_another_tenant_sees_none_of_the_runs(
     expect(page.get_by_role("link", name=run_id)).to_have_count(0)
 
 
-def test_self_approval_is_refused_with_the_apis_message(
+def test_own_run_approval_says_why_instead_of_buttons(
     timed: None, console_with_examples: Stack, browser: Browser
 ) -> None:
     # A sales manager starts the run and then tries to approve it.
@@ -260,14 +260,18 @@ def test_self_approval_is_refused_with_the_apis_message(
     run_id = start_onboarding(browser, "cust-self", "maria@acme.test")
     expect(fact(browser.page, "Status")).to_have_text("waiting_approval", timeout=MOVE_MS)
 
-    decide(browser, run_id, "Approve", "my own")
-    alert = browser.page.get_by_role("alert")
-    expect(alert).to_contain_text("Refused:")
-    browser.screenshot("self-approval-refused")
+    # Listed, with why she cannot decide it instead of buttons the API would refuse.
+    browser.goto("/ui/approvals", "approvals-own-run")
+    card = browser.page.locator("section.card").filter(
+        has=browser.page.get_by_role("link", name=run_id)
+    )
+    expect(card).to_have_count(1)
+    expect(card).to_contain_text("does not allow self-approval")
+    expect(card.get_by_role("button")).to_have_count(0)
 
-    # The API's words, asked directly: the console showed exactly these, and nothing moved.
+    # The API refuses her decision (what the note says), and nothing moved.
     with console_with_examples.client(maria) as c:
         refused = c.post(f"/runs/{run_id}/approvals/manager", json={"decision": "approve"})
         assert refused.status_code == 403, refused.text
-        expect(alert).to_contain_text(refused.json()["detail"])
+        assert "submitted this run" in refused.json()["detail"], refused.text
         assert c.get(f"/runs/{run_id}").json()["status"] == "waiting_approval"

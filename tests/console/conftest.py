@@ -18,7 +18,7 @@ from app.auth.principal import ALL_SCOPES
 from tests.acceptance.conftest import Stack, stack_env, token
 from tests.helpers import TLS, wait_for_sync
 
-__all__ = ["Browser", "console", "stack_env"]
+__all__ = ["Browser", "console", "console_api", "stack_env"]
 
 CONSOLE_SECRET = "console-test-secret-" + "s" * 32
 HANDLERS = "tests.console.handlers"
@@ -164,3 +164,18 @@ def tok(
     return DevTokens(DEV_SECRET).mint(
         tenant_id=tenant, subject=subject, scopes=scopes, groups=groups
     )
+
+
+@pytest.fixture
+def console_api(database_url: str, tmp_path: Any, stack_env: dict[str, str]) -> Iterator[Stack]:
+    """``treadle serve`` with the console on and no worker (for pages that run nothing)."""
+    s = Stack(
+        database_url=database_url,
+        tmp=tmp_path,
+        env={**stack_env, "TREADLE_CONSOLE_SECRET": CONSOLE_SECRET},
+    )
+    try:
+        s.start_api()
+        yield s
+    finally:
+        s.stop()

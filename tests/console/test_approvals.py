@@ -68,7 +68,12 @@ def test_inbox_lists_only_decidable_approvals_and_decides_them(console: ConsoleS
 
     # Self-approval: alice sees her run (her group) and is refused in the API's words.
     a = c.browser(alice)
-    assert finance in a.get("/ui/approvals").text
+    own = a.get("/ui/approvals").text
+    assert finance in own
+    # Every run here is hers and none allows self-approval: each card says who must
+    # decide it, and no button offers a decision the API would refuse.
+    assert "a member of finance must decide it" in own and "someone else must decide it" in own
+    assert ">Approve</button>" not in own and ">Reject</button>" not in own
     refused = a.act(
         "/ui/approvals/decide",
         {"run_id": finance, "step_id": pay["step_id"], "decision": "approve"},

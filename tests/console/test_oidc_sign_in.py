@@ -138,3 +138,66 @@ def test_without_an_identity_provider_there_is_no_oidc_sign_in(
         assert httpx.get(api.url + "/ui/login/oidc", timeout=30).status_code == 404
     finally:
         api.stop()
+
+
+@pytest.mark.parametrize(("fetch_site", "signed_in"), [("same-site", False), ("cross-site", True)])
+def test_a_callback_opened_from_a_sibling_page_signs_nobody_in(
+    sso: tuple[OidcProvider, Any], fetch_site: str, signed_in: bool
+) -> None:
+    """Login CSRF through the callback, sent by a sibling page of the console's site.
+
+    That page brings the attacker's code (and, over http, a planted state cookie). The
+    console is reached as ``localhost`` and the provider is ``127.0.0.1``: other sites,
+    so the provider's real redirect is ``cross-site`` to the browser, and a ``same-site``
+    callback came from a page beside the console (app/console/origin.py).
+    """
+    provider, url = sso
+    local = url.replace("127.0.0.1", "localhost")
+    provider.redirect_uris.append(local + "/ui/login/oidc/callback")
+    with httpx.Client(base_url=local, timeout=30, follow_redirects=False) as browser:
+        begin = browser.get("/ui/login/oidc")
+        callback = urlsplit(_authorize(begin.headers["location"]))
+        done = browser.get(
+            f"{callback.path}?{callback.query}", headers={"Sec-Fetch-Site": fetch_site}
+        )
+        if signed_in:
+            assert done.status_code == 303, done.text[:2000]
+            assert browser.cookies.get("treadle_console")
+        else:
+            assert done.status_code == 401, done.text[:2000]
+            assert any("another page of this site" in a for a in _alerts(done.text))
+            assert not browser.cookies.get("treadle_console")
+
+
+@pytest.mark.parametrize(
+    ("asked", "lands"),
+    [
+        ("/ui/runs?status=failed", "/ui/runs?status=failed"),
+        ("/ui/approvals", "/ui/approvals"),
+        ("https://evil.example/ui/runs", "/ui/runs"),  # never another site
+        ("//evil.example/ui/", "/ui/runs"),
+        ("/docs", "/ui/runs"),  # only console pages
+    ],
+)
+def test_sign_in_returns_to_the_page_first_asked_for(
+    sso: tuple[OidcProvider, Any], asked: str, lands: str
+) -> None:
+    _, url = sso
+    with httpx.Client(base_url=url, timeout=30, follow_redirects=False) as browser:
+        # The page asked for sends the browser to sign in with next=...; the login
+        # page's OIDC link carries it on.
+        login = browser.get("/ui/login", params={"next": asked})
+        link = re.search(r'href="(/ui/login/oidc[^"]*)"', login.text)
+        assert link, login.text[:2000]
+        begin = browser.get(html.unescape(link.group(1)))
+        assert begin.status_code == 303, begin.text[:2000]
+        callback = urlsplit(_authorize(begin.headers["location"]))
+        done = browser.get(f"{callback.path}?{callback.query}")
+        assert done.status_code == 303, done.text[:2000]
+        assert done.headers["location"] == lands
+    # Straight to the begin URL with the same next: the same landing.
+    with httpx.Client(base_url=url, timeout=30, follow_redirects=False) as browser:
+        begin = browser.get("/ui/login/oidc", params={"next": asked})
+        callback = urlsplit(_authorize(begin.headers["location"]))
+        done = browser.get(f"{callback.path}?{callback.query}")
+        assert done.status_code == 303 and done.headers["location"] == lands
