@@ -1,5 +1,9 @@
 """Maintenance tiers: compaction, archival and audit trimming (docs/operations.md).
 
+Audit trimming also applies the retention rule of every other table that grows with use
+(``app.db.queries.retention``: archived summaries, webhook deliveries, inbound events,
+batches, schedule fires, workers, sessions, rate-limit buckets), by the audit window.
+
 The engine itself never deletes; these tiers are the only code that does, run by an
 operator (``treadle maintenance run`` or ``POST /admin/maintenance``) or a cron job. Each
 tier has a retention window in settings (``TREADLE_COMPACTION_AFTER_DAYS``,
@@ -16,7 +20,8 @@ On PostgreSQL, where ``steps``, ``events`` and ``runs_archive`` are partitioned 
 creation time (docs/adr/0036-time-partitions.md), a real run also creates the partitions
 ahead (``TREADLE_PARTITION_DAYS`` wide, ``TREADLE_PARTITIONS_AHEAD_DAYS`` ahead), and
 archival and audit first drop whole partitions whose every run qualifies, each in its own
-transaction; rows left over (partitions with a live run, SQLite, a dry run) are deleted
+transaction (audit also drops ``runs_archive`` partitions whose every summary is past
+the window); rows left over (partitions with a live run, SQLite, a dry run) are deleted
 batch by batch as before. A dry run never takes the partition locks: it counts the rows
 the batches would delete, which are the same rows.
 """
