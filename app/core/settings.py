@@ -382,7 +382,7 @@ class Settings(BaseSettings):
         "dead workers (docs/operations.md, retention table by table).",
     )
     run_count_limit: int = Field(
-        default=10_000,
+        default=1_000,
         ge=1,
         le=100_000_000,
         description="GET /runs/counts counts each status up to this many runs; a status "

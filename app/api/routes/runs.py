@@ -556,7 +556,7 @@ async def count_runs(
     ``total`` is their sum. Scoped exactly like the list (tenant, owner policy), with the
     same filters but ``status``.
 
-    Each status is counted up to ``count_limit`` (``TREADLE_RUN_COUNT_LIMIT``, 10,000 by
+    Each status is counted up to ``count_limit`` (``TREADLE_RUN_COUNT_LIMIT``, 1,000 by
     default): a status with more runs reports ``count_limit`` and is named in
     ``at_least``, and ``total_at_least`` is then true (``total`` is a lower bound). That
     keeps a count over any share of a tenant a bounded index read
