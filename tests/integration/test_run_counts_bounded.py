@@ -66,7 +66,7 @@ CASES: dict[str, RunListFilters] = {
     ),
 }
 # A broad label with a column filter: the planner reads the column's index range whole (a
-# bitmap scan), bounded by that range, not by the limit (docs/adr/0049, consequences).
+# bitmap scan), bounded by that range, not by the limit (docs/adr/0055, consequences).
 UNBOUNDED = {"label and workflow"}
 
 

@@ -1,4 +1,4 @@
-"""The console's counts show a capped status and total with a ``+`` (docs/adr/0049)."""
+"""The console's counts show a capped status and total with a ``+`` (docs/adr/0055)."""
 
 from __future__ import annotations
 
