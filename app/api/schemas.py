@@ -853,9 +853,22 @@ class RunCounts(BaseModel):
     """``GET /runs/counts``: how many of the listed runs are in each status."""
 
     counts: dict[str, int] = Field(
-        description="Every run status, with 0 for those no matching run is in."
+        description="Every run status, with 0 for those no matching run is in. A status "
+        "named in ``at_least`` has more runs than this (it reports ``count_limit``)."
     )
-    total: int
+    total: int = Field(description="The sum of ``counts``: a lower bound if ``total_at_least``.")
+    total_at_least: bool = Field(
+        default=False,
+        description="True when some status reached ``count_limit``: ``total`` is then the "
+        "least number of matching runs, not their exact number.",
+    )
+    at_least: list[str] = Field(
+        default_factory=list,
+        description="The statuses whose count stopped at ``count_limit`` (more runs match).",
+    )
+    count_limit: int = Field(
+        description="The most runs counted per status (``TREADLE_RUN_COUNT_LIMIT``)."
+    )
 
 
 class PendingApproval(BaseModel):

@@ -596,7 +596,9 @@ def maintenance_run(
     Compaction clears payloads of runs finished more than TREADLE_COMPACTION_AFTER_DAYS
     ago, archival moves runs finished more than TREADLE_ARCHIVAL_AFTER_DAYS ago to the
     archive, audit trimming deletes events and dead letters older than
-    TREADLE_AUDIT_RETENTION_DAYS. Live runs are never touched.
+    TREADLE_AUDIT_RETENTION_DAYS and applies every other table's retention rule (archived
+    summaries, webhook deliveries, inbound events, batches, schedule fires, workers,
+    sessions, rate-limit buckets; docs/operations.md). Live runs are never touched.
     """
     from app.core.logging import configure_logging
     from app.engine.maintenance import ALL_TIERS, MaintenanceReport, Tier, run_maintenance

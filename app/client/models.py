@@ -285,10 +285,17 @@ class WhoAmI(_Model):
 
 
 class RunCounts(_Model):
-    """``GET /runs/counts``: runs per status (every status present, 0 included)."""
+    """``GET /runs/counts``: runs per status (every status present, 0 included).
+
+    A status in ``at_least`` has more runs than its count (``count_limit``); ``total`` is
+    then a lower bound and ``total_at_least`` is true.
+    """
 
     counts: dict[str, int]
     total: int
+    total_at_least: bool = False
+    at_least: list[str] = []
+    count_limit: int | None = None
 
 
 class PendingApproval(_Model):

@@ -393,7 +393,18 @@ class Settings(BaseSettings):
         ge=0,
         le=36_500,
         description="Maintenance audit trimming: delete events and dead letters (of finished "
-        "runs) older than this many days.",
+        "runs) older than this many days, and, by the same window, archived run summaries, "
+        "final webhook deliveries, inbound events, finished batches, schedule fires and "
+        "dead workers (docs/operations.md, retention table by table).",
+    )
+    run_count_limit: int = Field(
+        default=1_000,
+        ge=1,
+        le=100_000_000,
+        description="GET /runs/counts counts each status up to this many runs; a status "
+        "with more reports this number and is listed in ``at_least`` (with "
+        "``total_at_least`` true), so a count over a large share of a tenant stays a "
+        "bounded index read (docs/adr/0020-run-labels.md).",
     )
     maintenance_batch_size: int = Field(
         default=500,

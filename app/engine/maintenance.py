@@ -1,5 +1,9 @@
 """Maintenance tiers: compaction, archival and audit trimming (docs/operations.md).
 
+Audit trimming also applies the retention rule of every other table that grows with use
+(``app.db.queries.retention``: archived summaries, webhook deliveries, inbound events,
+batches, schedule fires, workers, sessions, rate-limit buckets), by the audit window.
+
 The engine itself never deletes; these tiers are the only code that does, run by an
 operator (``treadle maintenance run`` or ``POST /admin/maintenance``) or a cron job. Each
 tier has a retention window in settings (``TREADLE_COMPACTION_AFTER_DAYS``,
@@ -16,7 +20,8 @@ On PostgreSQL, where ``steps``, ``events`` and ``runs_archive`` are partitioned 
 creation time (docs/adr/0036-time-partitions.md), a real run also creates the partitions
 ahead (``TREADLE_PARTITION_DAYS`` wide, ``TREADLE_PARTITIONS_AHEAD_DAYS`` ahead), and
 archival and audit first drop whole partitions whose every run qualifies, each in its own
-transaction; rows left over (partitions with a live run, SQLite, a dry run) are deleted
+transaction (audit also drops ``runs_archive`` partitions whose every summary is past
+the window); rows left over (partitions with a live run, SQLite, a dry run) are deleted
 batch by batch as before. A dry run never takes the partition locks: it counts the rows
 the batches would delete, which are the same rows.
 """
@@ -41,6 +46,7 @@ from app.db.faults import DbFault, classify
 from app.db.partitions import PARTITIONED_TABLES
 from app.db.queries import maintenance as q
 from app.db.queries import partitions as qp
+from app.db.queries import retention as qr
 
 log = structlog.get_logger("treadle.maintenance")
 
@@ -197,6 +203,9 @@ async def _run_at(
             if not dry_run:
                 await _drop_trimmed_event_partitions(tr, unit)
             await _audit(tr, unit, size)
+            if not dry_run:
+                await _drop_expired_archive_partitions(tr, unit)
+            await _records(tr, unit, size, qr.Horizon(cutoff=tr.cutoff, now=now))
         else:
             if tier is Tier.ARCHIVAL and not dry_run:
                 await _drop_archived_partitions(tr, unit, size)
@@ -364,6 +373,48 @@ async def _audit(tr: TierReport, unit: Unit, size: int) -> None:
                 tr.add({"dead_letters": deleted})
         if last_dl is None:
             break
+
+
+async def _drop_expired_archive_partitions(tr: TierReport, unit: Unit) -> None:
+    # A runs_archive partition ending before the cutoff whose every summary finished
+    # before it, and whose range has no run left in runs (none can be archived into it
+    # later: run ids of a past range are never minted again): dropped whole.
+    for part in await _partitions(unit, "runs_archive"):
+        assert part.lower is not None and part.upper is not None and part.ends is not None
+        if part.ends > tr.cutoff:
+            break
+        try:
+            async with unit() as conn:
+                if not await _still_there(conn, part):
+                    continue
+                if await q.lock_runs_in_range(conn, part.lower, part.upper) != []:
+                    continue
+                newest = await qp.newest_at(conn, part, column="finished_at")
+                if newest is not None and newest >= tr.cutoff:
+                    continue
+                rows = await qp.row_count(conn, part)
+                await qp.drop_partition(conn, part)
+            tr.add({"runs_archive": rows, "partitions": 1})
+        except DBAPIError as exc:
+            if classify(exc) is not DbFault.LOCK_TIMEOUT:
+                raise
+            log.warning("partition drop skipped: lock not granted", partition=part.name)
+
+
+async def _records(tr: TierReport, unit: Unit, size: int, horizon: qr.Horizon) -> None:
+    # Every other table that grows with use, one rule each (app/db/queries/retention.py),
+    # walked by key in batches of ``size`` rows, one transaction per batch.
+    for name in qr.report_names():
+        tr.touched.setdefault(name, 0)
+    for rule in qr.RULES:
+        after: qr.Key | None = None
+        while True:
+            async with unit() as conn:
+                counts, after, picked = await qr.trim(conn, rule, horizon, after=after, limit=size)
+                if picked:
+                    tr.add(counts)
+            if picked < size:
+                break
 
 
 @dataclass(frozen=True, slots=True)

@@ -468,3 +468,75 @@ async def test_archive_reads_use_its_tenant_leading_key(db: Database) -> None:
                 elif "Index Cond" in ln and scan.startswith("runs_archive"):
                     conds.append(ln)
             assert conds and all("tenant_id" in ln and "run_id" in ln for ln in conds), plan
+
+
+async def _insert_archived(db: Database, run_ids: list[uuid.UUID], *, finished: datetime) -> None:
+    async with db.write() as conn:
+        await conn.execute(
+            insert(runs_archive),
+            [
+                {
+                    "run_id": rid,
+                    "tenant_id": "acme",
+                    "workflow": "wf",
+                    "version": "1",
+                    "status": "completed",
+                    "input": "null",
+                    "created_by": "seed",
+                    "created_at": time_of(rid),
+                    "finished_at": finished,
+                    "archived_at": finished,
+                }
+                for rid in run_ids
+            ],
+        )
+
+
+async def test_audit_drops_runs_archive_partitions_past_the_window(
+    db: Database, tmp_path: Path
+) -> None:
+    """Archived summaries older than the audit window go with their whole partition.
+
+    Week A: every summary finished 120 days ago -> its runs_archive partition is dropped.
+    Week B: one summary finished inside the window -> the partition stays, its old rows go
+    row by row. Week C: old summaries, but a run of that week is still in ``runs`` (live)
+    -> the partition stays, the old summaries go row by row.
+    """
+    _pg(db)
+    now = await db.now()
+    old = now - timedelta(days=120)
+    (a_lo, _), (b_lo, _), (c_lo, _) = [await _old_week(db, w) for w in (22, 21, 20)]
+    week_a = [v7_at(a_lo + timedelta(hours=i)) for i in range(12)]
+    week_b = [v7_at(b_lo + timedelta(hours=i)) for i in range(4)]
+    week_c = [v7_at(c_lo + timedelta(hours=i)) for i in range(3)]
+    young = v7_at(b_lo + timedelta(hours=50))
+    live = v7_at(c_lo + timedelta(hours=60))
+    await _insert_archived(db, week_a + week_b + week_c, finished=old)
+    await _insert_archived(db, [young], finished=now - timedelta(days=10))
+    await _insert_run(db, live, created=c_lo, finished=None, status="running")
+    names = await _names(db, "runs_archive")
+    assert {partition_name("runs_archive", lo) for lo in (a_lo, b_lo, c_lo)} <= set(names)
+
+    settings = make_settings(db.url, tmp_path, maintenance_batch_size=2)
+    dry = await run_maintenance(db, settings, tiers=[Tier.AUDIT], dry_run=True)
+    assert dry.tiers[0].touched["runs_archive"] == 19 and "partitions" not in dry.tiers[0].touched
+    assert await _names(db, "runs_archive") == names
+
+    report = await run_maintenance(db, settings, tiers=[Tier.AUDIT])
+    audit = report.tiers[0].touched
+    # runs_archive of week A, and the (empty) events partitions of weeks A and B, whose
+    # ranges hold no live run; week C's live run keeps its events partition.
+    assert audit["partitions"] == 3
+    assert audit["runs_archive"] == 19  # 12 with the partition, 4 + 3 row by row
+    left_names = await _names(db, "runs_archive")
+    assert partition_name("runs_archive", a_lo) not in left_names
+    assert partition_name("runs_archive", b_lo) in left_names
+    assert partition_name("runs_archive", c_lo) in left_names
+    async with db.read() as conn:
+        left = set((await conn.execute(select(runs_archive.c.run_id))).scalars())
+        still_live = (await conn.execute(select(runs.c.run_id))).scalars().all()
+    assert left == {young}
+    assert still_live == [live]
+    again = await run_maintenance(db, settings, tiers=[Tier.AUDIT])
+    assert again.tiers[0].touched.get("partitions", 0) == 0
+    assert again.tiers[0].touched["runs_archive"] == 0

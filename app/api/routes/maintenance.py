@@ -27,7 +27,10 @@ async def post_maintenance(
     ``TREADLE_COMPACTION_AFTER_DAYS`` ago; archival moves runs finished more than
     ``TREADLE_ARCHIVAL_AFTER_DAYS`` ago to the archive (reads of them then answer 404 with
     code ``run_archived``); audit trimming deletes events and dead letters of finished runs
-    older than ``TREADLE_AUDIT_RETENTION_DAYS``. Live runs are never touched. The work spans
+    older than ``TREADLE_AUDIT_RETENTION_DAYS`` and applies every other table's retention
+    rule (archived summaries, webhook deliveries and attempts, inbound events, batches and
+    their items, schedule fires, workers, console sessions, rate-limit buckets: see
+    docs/operations.md). Live runs are never touched. The work spans
     every tenant (it is the deployment's housekeeping) and answers counts only. A dry run
     does the same work in a transaction that is rolled back, so its counts are exact.
     The request returns when the work is done (batches of

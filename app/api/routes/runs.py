@@ -547,6 +547,7 @@ async def count_runs(
     request: Request,
     principal: RunsRead,
     db: DB,
+    settings: SettingsDep,
     q: RunFilters,
     tenant: TenantQuery = None,
 ) -> schemas.RunCounts:
@@ -556,6 +557,12 @@ async def count_runs(
     ``total`` is their sum. Scoped exactly like the list (tenant, owner policy), with the
     same filters but ``status``.
 
+    Each status is counted up to ``count_limit`` (``TREADLE_RUN_COUNT_LIMIT``, 1,000 by
+    default): a status with more runs reports ``count_limit`` and is named in
+    ``at_least``, and ``total_at_least`` is then true (``total`` is a lower bound). That
+    keeps a count over any share of a tenant a bounded index read
+    (docs/adr/0020-run-labels.md).
+
     Label filters: ``label.<key>=<value>`` (equality) or ``label.<key>=<prefix>*``
     (prefix), one per key, at most 16, all ANDed. Any other query parameter is a 422.
     """
@@ -563,10 +570,15 @@ async def count_runs(
     filters, _ = _filters(request, q, counts=True)
     async with db.lagging_read() as conn:
         found = await filters_q.count_listed_by_status(
-            conn, tenant_id, filters, owner=principal.owner_filter
+            conn, tenant_id, filters, limit=settings.run_count_limit, owner=principal.owner_filter
         )
-    counts = {s.value: found.get(s.value, 0) for s in RunStatus}
-    return schemas.RunCounts(counts=counts, total=sum(counts.values()))
+    return schemas.RunCounts(
+        counts=found.counts,
+        total=sum(found.counts.values()),
+        total_at_least=bool(found.at_least),
+        at_least=found.at_least,
+        count_limit=found.limit,
+    )
 
 
 @router.get("/{run_id}", operation_id="get_run", response_model=schemas.Run, responses=_PROBLEMS)

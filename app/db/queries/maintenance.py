@@ -31,7 +31,9 @@ from app.db.dialect import now_expr
 from app.db.tables import (
     approval_decisions,
     dead_letters,
+    event_waits,
     events,
+    run_labels,
     run_logs,
     runs,
     runs_archive,
@@ -168,8 +170,9 @@ async def compact_runs(conn: AsyncConnection, run_keys: Sequence[RunKey]) -> dic
 async def archive_runs(conn: AsyncConnection, run_keys: Sequence[RunKey]) -> dict[str, int]:
     """Move these (terminal) runs to ``runs_archive``; drop everything hanging off them.
 
-    Dropped: steps, events, signals, approval decisions, dead letters and ``ctx.logger``
-    lines (``run_logs``) of the runs.
+    Dropped: steps, events, signals, approval decisions, dead letters, ``ctx.logger``
+    lines (``run_logs``), labels (``run_labels``) and event waits (``event_waits``) of
+    the runs.
     Deletes are explicit rather than left to ``ON DELETE CASCADE`` so the counts are exact.
 
     Returns:
@@ -205,6 +208,8 @@ async def archive_runs(conn: AsyncConnection, run_keys: Sequence[RunKey]) -> dic
         ("approval_decisions", approval_decisions),
         ("dead_letters", dead_letters),
         ("run_logs", run_logs),
+        ("run_labels", run_labels),
+        ("event_waits", event_waits),
     ):
         result = await conn.execute(delete(table).where(_of(table, done)))
         counts[name] = result.rowcount

@@ -14,6 +14,7 @@ import re
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
+from typing import Literal
 
 from sqlalchemy import text
 from sqlalchemy.ext.asyncio import AsyncConnection
@@ -194,9 +195,20 @@ async def row_count(conn: AsyncConnection, partition: Partition) -> int:
     return int((await conn.execute(text(f"SELECT count(*) FROM {partition.name}"))).scalar_one())
 
 
-async def newest_at(conn: AsyncConnection, partition: Partition) -> datetime | None:
-    """The latest ``at`` of an ``events`` partition (None when empty)."""
-    found = await conn.execute(text(f"SELECT max(at) FROM {partition.name}"))
+async def newest_at(
+    conn: AsyncConnection,
+    partition: Partition,
+    *,
+    column: Literal["at", "finished_at"] = "at",
+) -> datetime | None:
+    """The latest ``column`` of one partition (None when empty).
+
+    ``at`` for an ``events`` partition, ``finished_at`` for a ``runs_archive`` one; the
+    name is one of those two literals, never caller text.
+    """
+    if column not in ("at", "finished_at"):
+        raise ValueError(f"not a partition time column: {column!r}")
+    found = await conn.execute(text(f"SELECT max({column}) FROM {partition.name}"))
     value = found.scalar_one()
     assert value is None or isinstance(value, datetime)
     return value

@@ -14,11 +14,12 @@ from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
 
-from sqlalchemy import RowMapping, func, select
+from sqlalchemy import RowMapping, case, func, select
 from sqlalchemy.ext.asyncio import AsyncConnection
 
 from app.core.labels import LabelFilter
-from app.db.queries.run_labels import label_conditions
+from app.core.status import RunStatus
+from app.db.queries.run_labels import label_conditions, label_match_count, label_probes
 from app.db.queries.runs import visible_to
 from app.db.tables import runs
 
@@ -53,9 +54,18 @@ class RunListFilters:
 
 
 def list_filters(
-    tenant_id: str, filters: RunListFilters, *, owner: str | None = None, status: bool = True
+    tenant_id: str,
+    filters: RunListFilters,
+    *,
+    owner: str | None = None,
+    status: bool = True,
+    label_probe: bool = False,
 ) -> list[Any]:
-    """WHERE clauses of ``GET /runs`` and (``status=False``) ``GET /runs/counts``."""
+    """WHERE clauses of ``GET /runs`` and (``status=False``) ``GET /runs/counts``.
+
+    ``label_probe``: prefix label filters as per-run probes (:func:`label_probes`), for
+    a walk the caller wants driven from ``runs``.
+    """
     f = filters
     where: list[Any] = [runs.c.tenant_id == tenant_id, visible_to(owner)]
     if f.workflow is not None:
@@ -83,7 +93,15 @@ def list_filters(
         where.append(runs.c.waiting_kind == f.waiting_kind)
         if f.waiting_name is not None:
             where.append(runs.c.waiting_name == f.waiting_name)
-    where.extend(label_conditions(f.labels))
+    if label_probe:
+        # Equality stays an EXISTS: PostgreSQL walks its (tenant, key, value, run_id)
+        # range and the status range side by side in run id order (a merge join that
+        # the LIMIT stops), cheaper than a descent per run. A prefix's range is not in
+        # run id order, so it is probed per run (label_probes).
+        where.extend(label_conditions([x for x in f.labels if not x.prefix]))
+        where.extend(label_probes([x for x in f.labels if x.prefix]))
+    else:
+        where.extend(label_conditions(f.labels))
     return where
 
 
@@ -102,10 +120,71 @@ def list_statement(
     return stmt.order_by(runs.c.run_id.desc()).limit(limit)
 
 
-def count_statement(tenant_id: str, filters: RunListFilters, *, owner: str | None = None) -> Any:
-    """The ``SELECT`` of :func:`count_listed_by_status`."""
+def count_statement(
+    tenant_id: str, filters: RunListFilters, *, limit: int, owner: str | None = None
+) -> Any:
+    """The ``SELECT`` of :func:`count_listed_by_status` for broad filters: a column per status.
+
+    Each column walks the status's ``ix_runs_tenant_id_status_run_id`` range (tenant,
+    status) and counts its matching runs up to ``limit + 1`` (a ``LIMIT``ed subquery),
+    label filters checked per run (:func:`label_probes`), so a filter matching half of a
+    million-run tenant costs what one matching ``limit`` runs does
+    (docs/adr/0020-run-labels.md). A status no run of the tenant is in is one index
+    probe. The walk reads about ``limit`` divided by the share of the status's runs that
+    match: the caller uses it only when every label filter matches more than ``limit``
+    runs (:func:`narrow_count_statement` otherwise).
+    """
+    where = list_filters(tenant_id, filters, owner=owner, status=False, label_probe=True)
+    columns = []
+    for status in RunStatus:
+        capped = (
+            select(runs.c.run_id)
+            .where(*where, runs.c.status == status.value)
+            .limit(limit + 1)
+            .subquery(f"capped_{status.value}")
+        )
+        count = select(func.count()).select_from(capped).scalar_subquery()
+        # A status no run of the tenant is in (most of them, usually) costs one probe of
+        # the (tenant, status) index (ORDER BY run_id: the planner reads the index for it,
+        # never the table).
+        present = (
+            select(runs.c.run_id)
+            .where(runs.c.tenant_id == tenant_id, runs.c.status == status.value)
+            .order_by(runs.c.run_id)
+            .limit(1)
+            .scalar_subquery()
+        )
+        columns.append(case((present.is_not(None), count), else_=0).label(status.value))
+    return select(*columns)
+
+
+def narrow_count_statement(
+    tenant_id: str, filters: RunListFilters, *, owner: str | None = None
+) -> Any:
+    """Exact runs per status, for filters with a label matching at most the count limit.
+
+    The planner drives it from that label's index range (known short), so it reads at
+    most that many runs.
+    """
     where = list_filters(tenant_id, filters, owner=owner, status=False)
     return select(runs.c.status, func.count()).where(*where).group_by(runs.c.status)
+
+
+@dataclass(frozen=True, slots=True)
+class StatusCounts:
+    """Runs per status among those listed, each counted up to a limit.
+
+    Attributes:
+        counts: every status, with its count; a status in ``at_least`` reports ``limit``
+            and has more runs than that.
+        at_least: the statuses whose count reached the limit (their number is a lower
+            bound), in status order.
+        limit: the most runs counted per status (``TREADLE_RUN_COUNT_LIMIT``).
+    """
+
+    counts: dict[str, int]
+    at_least: list[str]
+    limit: int
 
 
 async def list_runs(
@@ -127,13 +206,39 @@ async def list_runs(
 
 
 async def count_listed_by_status(
-    conn: AsyncConnection, tenant_id: str, filters: RunListFilters, *, owner: str | None = None
-) -> dict[str, int]:
+    conn: AsyncConnection,
+    tenant_id: str,
+    filters: RunListFilters,
+    *,
+    limit: int,
+    owner: str | None = None,
+) -> StatusCounts:
     """Runs per status among those ``list_runs`` would list with the same filters.
 
-    ``filters.status`` is ignored (every status is counted). Only statuses some run is in
-    appear. ``ix_runs_tenant_id_status_run_id`` serves the unfiltered grouping, so it
-    reads the tenant's index entries, not its rows.
+    ``filters.status`` is ignored (every status is counted). A status with more than
+    ``limit`` matching runs reports ``limit`` and is named in ``at_least``: the count
+    stops there (:func:`count_statement`), which is what keeps it an index read of
+    bounded length on any tenant.
+
+    Raises:
+        ValueError: ``limit`` is below 1.
     """
-    stmt = count_statement(tenant_id, filters, owner=owner)
-    return {str(status): int(n) for status, n in (await conn.execute(stmt)).all()}
+    if limit < 1:
+        raise ValueError(f"the count limit must be at least 1, not {limit}")
+    for label in filters.labels:
+        # A label with at most ``limit`` runs bounds every status's count: count exactly,
+        # from its index range.
+        matching = await conn.execute(label_match_count(tenant_id, label, limit=limit + 1))
+        if int(matching.scalar_one()) <= limit:
+            stmt = narrow_count_statement(tenant_id, filters, owner=owner)
+            found = {str(s): int(n) for s, n in (await conn.execute(stmt)).all()}
+            counts = {s.value: found.get(s.value, 0) for s in RunStatus}
+            return StatusCounts(counts=counts, at_least=[], limit=limit)
+    row = (await conn.execute(count_statement(tenant_id, filters, limit=limit, owner=owner))).one()
+    counts = {}
+    at_least: list[str] = []
+    for status, n in zip(RunStatus, row, strict=True):
+        if int(n) > limit:
+            at_least.append(status.value)
+        counts[status.value] = min(int(n), limit)
+    return StatusCounts(counts=counts, at_least=at_least, limit=limit)

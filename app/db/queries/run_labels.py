@@ -10,7 +10,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from sqlalchemy import and_, exists, insert, select, update
+from sqlalchemy import and_, exists, func, insert, literal, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.ext.asyncio import AsyncConnection
 
@@ -79,6 +79,50 @@ async def set_label(
     return current
 
 
+def _match(f: LabelFilter) -> Any:
+    if f.prefix:
+        return and_(run_labels.c.value >= f.value, run_labels.c.value < prefix_upper_bound(f.value))
+    return run_labels.c.value == f.value
+
+
+def label_probes(filters: Sequence[LabelFilter]) -> list[Any]:
+    """:func:`label_conditions` as per-run probes: the same rows, a fixed plan shape.
+
+    Each is a scalar subquery (``(SELECT 1 FROM run_labels WHERE … run_id = runs.run_id
+    …) IS NOT NULL``), which PostgreSQL does not turn into a join: every candidate run
+    costs one lookup of ``pk_run_labels`` (tenant_id, run_id, key), and a ``LIMIT`` on
+    the outer walk bounds the whole statement. ``EXISTS`` leaves the planner free to hash
+    one side whole first, which it does for a prefix whose range it thinks small.
+    """
+    return [
+        select(literal(1))
+        .where(
+            run_labels.c.tenant_id == runs.c.tenant_id,
+            run_labels.c.run_id == runs.c.run_id,
+            run_labels.c.key == f.key,
+            _match(f),
+        )
+        .scalar_subquery()
+        .is_not(None)
+        for f in filters
+    ]
+
+
+def label_match_count(tenant_id: str, f: LabelFilter, *, limit: int) -> Any:
+    """``SELECT`` of how many of the tenant's runs carry label ``f``, counted up to ``limit``.
+
+    One index-only range read of ``ix_run_labels_tenant_id_key_value_run_id`` that stops
+    at ``limit`` entries.
+    """
+    capped = (
+        select(run_labels.c.run_id)
+        .where(run_labels.c.tenant_id == tenant_id, run_labels.c.key == f.key, _match(f))
+        .limit(limit)
+        .subquery("capped_label")
+    )
+    return select(func.count()).select_from(capped)
+
+
 def label_conditions(filters: Sequence[LabelFilter]) -> list[Any]:
     """WHERE clauses on ``runs``: the run has every label filter's key and value.
 
@@ -87,19 +131,12 @@ def label_conditions(filters: Sequence[LabelFilter]) -> list[Any]:
     range, run_id): equality and prefix alike are index range reads, so the planner can
     drive the query from the labels or check them per run without reading other rows.
     """
-    where: list[Any] = []
-    for f in filters:
-        match = (
-            and_(run_labels.c.value >= f.value, run_labels.c.value < prefix_upper_bound(f.value))
-            if f.prefix
-            else run_labels.c.value == f.value
+    return [
+        exists().where(
+            run_labels.c.tenant_id == runs.c.tenant_id,
+            run_labels.c.key == f.key,
+            _match(f),
+            run_labels.c.run_id == runs.c.run_id,
         )
-        where.append(
-            exists().where(
-                run_labels.c.tenant_id == runs.c.tenant_id,
-                run_labels.c.key == f.key,
-                match,
-                run_labels.c.run_id == runs.c.run_id,
-            )
-        )
-    return where
+        for f in filters
+    ]
