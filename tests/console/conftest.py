@@ -87,9 +87,20 @@ class Browser:
         return self.post(path, {**data, "csrf_token": csrf, "confirm": "yes"})
 
     def flash_after(self, response: httpx.Response) -> str:
-        """Follow a 303 and return the messages the next page shows."""
+        """Follow a 303 and return the messages the next page shows.
+
+        The next page must be a page (200, or a 4xx error page such as another tenant's
+        run), never a redirect (the session was lost: a sign-in redirect has no
+        messages) nor a 5xx: a missing message then fails here with the page's answer,
+        not later as an empty string.
+        """
         assert response.status_code == 303, response.text[:2000]
         page = self.get(response.headers["location"])
+        assert page.status_code < 300 or 400 <= page.status_code < 500, (
+            page.status_code,
+            page.headers.get("location"),
+            page.text[:2000],
+        )
         return " | ".join(statuses(page.text) + alerts(page.text))
 
 
