@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import BaseModel
 from sqlalchemy import func, select, text
 
+from app.auth.principal import Principal, Scope
 from app.core.labels import LabelFilter, validate_labels
 from app.core.settings import AuthMode, Settings
 from app.db.database import Database
@@ -86,15 +87,15 @@ async def measure(url: str, n_runs: int, chunk: int, tmp: Path) -> dict[str, Any
         row = await batches.create_batch(
             db,
             settings,
-            tenant_id=TENANT,
+            principal=Principal(
+                tenant_id=TENANT, subject="bench", scopes=frozenset({Scope.RUNS_CANCEL})
+            ),
             action=BatchAction.CANCEL,
             run_ids=None,
             filters=flt,
             selection={"filter": {"labels": {"bench": "bulk"}}},
             params={},
             reason="benchmark",
-            actor="bench",
-            owner=None,
             dry_run=False,
         )
         created = time.perf_counter() - t1
