@@ -298,11 +298,7 @@ async def _api_error(request: Request, exc: Exception) -> Response:
         session_id = cookies.SESSION.read(request)
         if session_id:
             await sessions.end_session_by_hash(request, crypto.id_hash(session_id))
-        response = redirect(
-            "/ui/login?expired=1&next=" + quote(safe_next(request.url.path), safe="")
-        )
-        sessions.clear_cookie(request, response)
-        return response
+        return _session_ended(request, request.url.path, expired=True)
     session = await sessions.load_session(request)
     status = exc.status if exc.status and 400 <= exc.status < 600 else 502
     return await render(
@@ -316,7 +312,25 @@ async def _api_error(request: Request, exc: Exception) -> Response:
 
 async def _not_signed_in(request: Request, exc: Exception) -> Response:
     target = request.url.path + (f"?{request.url.query}" if request.url.query else "")
-    response = redirect("/ui/login?next=" + quote(safe_next(target), safe=""))
+    # A session cookie the server no longer honours (idle or absolute deadline passed,
+    # ended elsewhere, secret rotated) means a session ended: the sign-in page says so.
+    return _session_ended(request, target, expired=bool(cookies.SESSION.read(request)))
+
+
+def _session_ended(request: Request, target: str, *, expired: bool) -> Response:
+    """The answer to a request without a live session: sign in again, then ``target``.
+
+    A page gets a redirect to ``/ui/login`` (with ``expired=1`` when a session had been
+    there: "Your session ended"). A live-refresh fragment (``X-Console-Fragment``) gets a
+    bare 401 instead: a redirect would be followed by ``fetch`` and the tab would reload
+    without the notice; on a 401 ``static/console.js`` opens the sign-in page with
+    ``expired=1`` and the tab's own page as ``next``. The stale cookie is cleared.
+    """
+    if request.headers.get(sessions.REFRESH_HEADER):
+        response: Response = Response(status_code=401, headers={"Cache-Control": "no-store"})
+    else:
+        query = ("expired=1&" if expired else "") + "next=" + quote(safe_next(target), safe="")
+        response = redirect("/ui/login?" + query)
     if cookies.SESSION.read(request):
         sessions.clear_cookie(request, response)
     return response

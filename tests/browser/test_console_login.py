@@ -6,11 +6,14 @@ on both databases once the console is merged.
 
 from __future__ import annotations
 
+import re
+
 import httpx
 from playwright.sync_api import expect
 
 from tests.acceptance.conftest import Stack, token
 from tests.browser.conftest import Browser
+from tests.console.conftest import end_every_session
 
 
 def test_a_bad_token_shows_the_apis_message(console: Stack, browser: Browser) -> None:
@@ -42,3 +45,19 @@ def test_a_dev_token_lands_on_runs(console_with_examples: Stack, browser: Browse
     expect(browser.page.locator("h1")).to_have_text("Runs")
     session = [c for c in browser.page.context.cookies() if c["name"] == "treadle_console"]
     assert session and session[0]["httpOnly"], session
+
+
+def test_a_tab_whose_session_ended_says_so(
+    console_with_examples: Stack, browser: Browser, database_url: str
+) -> None:
+    browser.sign_in(token(), name="runs")
+    assert browser.page.url == console_with_examples.url + "/ui/runs"
+    end_every_session(database_url)
+    # The page's live refresh (every 3 s) meets the ended session: the tab opens the
+    # sign-in page, which says why, and would come back to the runs page after it.
+    expect(browser.page).to_have_url(
+        re.compile(re.escape(console_with_examples.url + "/ui/login?expired=1&next=%2Fui%2Fruns")),
+        timeout=30_000,
+    )
+    expect(browser.page.get_by_role("status")).to_contain_text("Your session ended")
+    browser.screenshot("session-ended")

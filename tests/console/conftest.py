@@ -6,19 +6,24 @@ like a person would (GET the form, POST the token) and reads the CSRF token from
 
 from __future__ import annotations
 
+import asyncio
 import html
 import re
 from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import httpx
 import pytest
+from sqlalchemy import delete
+from sqlalchemy.ext.asyncio import create_async_engine
 
 from app.auth.principal import ALL_SCOPES
+from app.db.tables import console_sessions
 from tests.acceptance.conftest import Stack, stack_env, token
 from tests.helpers import TLS, wait_for_sync
 
-__all__ = ["Browser", "console", "console_api", "stack_env"]
+__all__ = ["Browser", "console", "console_api", "end_every_session", "stack_env"]
 
 CONSOLE_SECRET = "console-test-secret-" + "s" * 32
 HANDLERS = "tests.console.handlers"
@@ -158,6 +163,26 @@ def console(database_url: str, tmp_path: Any, stack_env: dict[str, str]) -> Iter
         for b in cs.browsers if cs else []:
             b.close()
         s.stop()
+
+
+def end_every_session(database_url: str) -> None:
+    """Delete every console session row of the database at ``database_url``.
+
+    What an idle or absolute deadline, or a sign-out in another browser, leaves behind:
+    browsers still hold their cookies, the server honours none of them. Runs its own
+    event loop in a thread: Playwright's sync API keeps one running in the test's.
+    """
+
+    async def run() -> None:
+        engine = create_async_engine(database_url)
+        try:
+            async with engine.begin() as conn:
+                await conn.execute(delete(console_sessions))
+        finally:
+            await engine.dispose()
+
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        pool.submit(asyncio.run, run()).result()
 
 
 def tok(

@@ -13,7 +13,14 @@
       busy = true;
       fetch(url, { credentials: "same-origin", headers: { "X-Console-Fragment": "1" } })
         .then(function (resp) {
-          if (resp.redirected || resp.status === 401) { window.location.reload(); return null; }
+          if (resp.status === 401) {
+            // The session ended (idle, signed out elsewhere, token revoked): say so on
+            // the sign-in page, and come back to this page after it.
+            var here = window.location.pathname + window.location.search;
+            window.location.assign("/ui/login?expired=1&next=" + encodeURIComponent(here));
+            return null;
+          }
+          if (resp.redirected) { window.location.reload(); return null; }
           return resp.ok ? resp.text() : null;
         })
         .then(function (html) {
