@@ -100,6 +100,27 @@ CROSS_TENANT: dict[str, tuple[re.Pattern[str], str]] = {
         re.compile(r"^SELECT dead_letters\.tenant_id, dead_letters\.dead_letter_id"),
         "audit trimming walks old dead letters of every tenant; its deletes are keyed.",
     ),
+    # The retention rules of app/db/queries/retention.py (docs/operations.md, "What each
+    # table keeps"): each walks its table's old rows of every tenant, as the two above do.
+    "maintenance: expired archive summaries": (
+        re.compile(r"^SELECT runs_archive\.tenant_id, runs_archive\.run_id FROM runs_archive"),
+        "audit trimming walks archived summaries of every tenant past the window.",
+    ),
+    "maintenance: old posted events": (
+        re.compile(r"^SELECT inbound_events\.tenant_id, inbound_events\.event_id FROM"),
+        "audit trimming walks old posted events of every tenant; the runs and event waits "
+        "that keep one are matched on its tenant.",
+    ),
+    "maintenance: old schedule fires": (
+        re.compile(r"^SELECT schedule_fires\.tenant_id, schedule_fires\.schedule_id"),
+        "audit trimming walks old schedule fires of every tenant; a fire's run is matched "
+        "on its tenant.",
+    ),
+    "maintenance: idle workers": (
+        re.compile(r"^(SELECT workers\.worker_id FROM workers|DELETE FROM workers WHERE)"),
+        "a worker leases runs of every tenant: a worker row is kept while any run names it "
+        "as lease owner (ix_runs_lease_owner), whatever the tenant.",
+    ),
 }
 
 

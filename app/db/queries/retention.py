@@ -123,7 +123,9 @@ def _inbound_events(h: Horizon) -> ColumnElement[bool]:
         runs.c.created_at <= e.received_at,
         or_(runs.c.status.not_in(_TERMINAL), runs.c.compacted_at.is_(None)),
     )
-    received = exists().where(event_waits.c.event_id == e.event_id)
+    received = exists().where(
+        event_waits.c.tenant_id == e.tenant_id, event_waits.c.event_id == e.event_id
+    )
     return and_(e.received_at < h.cutoff, ~could_wait, ~received)
 
 
