@@ -79,9 +79,18 @@ async def run_dev(
 
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop)
-    server_task = asyncio.create_task(server._serve())
-    worker_task = asyncio.create_task(worker.run())
+    # The API serves only once the worker has registered the examples: a first request
+    # (the README's curl, the console's start form) must not find them unregistered.
+    registered = asyncio.Event()
+    worker_task = asyncio.create_task(worker.run(on_ready=lambda _: registered.set()))
     try:
+        waiting = asyncio.create_task(registered.wait())
+        await asyncio.wait({waiting, worker_task}, return_when=asyncio.FIRST_COMPLETED)
+        waiting.cancel()
+        if not registered.is_set():
+            await worker_task  # stopped or failed before it registered: nothing to serve
+            return
+        server_task = asyncio.create_task(server._serve())
         await asyncio.gather(server_task, worker_task)
     finally:
         await db.dispose()
